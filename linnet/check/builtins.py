@@ -1,0 +1,142 @@
+"""Functions a source can call, and how each becomes Core-IR ops.
+
+Each builtin has a signature (argument name, kind, default) and a body that
+emits ops through the context's builder, so its shape rules are the op
+table's rules in both checking and lowering.
+
+Kinds: tensor, tensor? (none allowed), int, float, str, bool, axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from linnet.check.dims import Poly
+from linnet.ir.types import OpTypeError
+
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str
+    signature: tuple[tuple[str, str, object], ...]  # (name, kind, default or REQUIRED)
+    body: Callable
+    doc: str
+
+
+REQUIRED = object()
+BUILTINS: dict[str, Builtin] = {}
+
+
+def builtin(name: str, *signature: tuple, doc: str = ""):
+    def register(body: Callable) -> Callable:
+        sig = tuple(s if len(s) == 3 else (s[0], s[1], REQUIRED) for s in signature)
+        BUILTINS[name] = Builtin(name, sig, body, doc)
+        return body
+
+    return register
+
+
+@builtin("linear", ("x", "tensor"), ("w", "tensor"), ("b", "tensor?", None),
+         doc="x @ w^T + b with w stored [out, in]")
+def _linear(cx, x, w, b):
+    return cx.add("linear", [x, w] + ([b] if b is not None else []))
+
+
+@builtin("rms_norm", ("x", "tensor"), ("w", "tensor"), ("eps", "float"))
+def _rms_norm(cx, x, w, eps):
+    return cx.add("rms_norm", [x, w], eps=eps)
+
+
+@builtin("layer_norm", ("x", "tensor"), ("w", "tensor"), ("b", "tensor"), ("eps", "float"))
+def _layer_norm(cx, x, w, b, eps):
+    return cx.add("layer_norm", [x, w, b], eps=eps)
+
+
+@builtin("silu", ("x", "tensor"))
+def _silu(cx, x):
+    return cx.add("silu", [x])
+
+
+@builtin("gelu", ("x", "tensor"), ("approx", "str", "none"))
+def _gelu(cx, x, approx):
+    if approx not in (None, "none", "tanh"):
+        raise OpTypeError("unknown gelu approximation", '"none" or "tanh"', repr(approx))
+    return cx.add("gelu", [x], approx=approx)
+
+
+@builtin("softmax", ("x", "tensor"), ("axis", "int", -1))
+def _softmax(cx, x, axis):
+    return cx.add("softmax", [x], axis=_const_axis(axis))
+
+
+@builtin("split_heads", ("x", "tensor"), ("n", "int"),
+         doc="[B, S, n * d] -> [B, n, S, d]")
+def _split_heads(cx, x, n):
+    if x.type.rank != 3:
+        raise OpTypeError("split_heads needs [B, S, features]", "rank 3", str(x.type))
+    b, s, f = x.type.shape
+    d = f.exact_div(n)
+    if d is None:
+        raise OpTypeError("split_heads: features are not a multiple of the heads",
+                          f"a multiple of {n}", str(f))
+    x = cx.add("reshape", [x], shape=(b, s, n, d))
+    return cx.add("transpose", [x], perm=(0, 2, 1, 3))
+
+
+@builtin("merge_heads", ("x", "tensor"), doc="[B, H, S, d] -> [B, S, H * d]")
+def _merge_heads(cx, x):
+    if x.type.rank != 4:
+        raise OpTypeError("merge_heads needs [B, H, S, d]", "rank 4", str(x.type))
+    b, h, s, d = x.type.shape
+    x = cx.add("transpose", [x], perm=(0, 2, 1, 3))
+    return cx.add("reshape", [x], shape=(b, s, h * d))
+
+
+@builtin("rope", ("x", "tensor"), ("at", "int"), ("theta", "float"),
+         ("scaling", "str", "default"), ("factor", "float", 1.0), ("low_freq", "float", 1.0),
+         ("high_freq", "float", 4.0), ("original_max", "int", Poly.const(8192)),
+         ("positions", "int"),
+         doc="rotary embedding (half rotation), tables built in f32 for `positions` rows")
+def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, positions):
+    if scaling not in (None, "default", "llama3"):
+        raise OpTypeError("unsupported rope scaling", '"default" or "llama3"', repr(scaling))
+    cx.require_le(at + x.type.shape[2], positions, "rope positions past the table")
+    return cx.add("rope", [x], offset=at, theta=theta, scaling=scaling, factor=factor,
+                  low_freq=low_freq, high_freq=high_freq,
+                  original_max=_maybe_int(original_max), positions=_maybe_int(positions))
+
+
+@builtin("attention", ("q", "tensor"), ("k", "tensor"), ("v", "tensor"),
+         ("causal", "bool", True), ("q_offset", "int", Poly.const(0)),
+         ("window", "int", Poly.const(0)), ("scale", "float", None),
+         doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none")
+def _attention(cx, q, k, v, causal, q_offset, window, scale):
+    return cx.add("attention", [q, k, v], causal=causal, q_offset=q_offset,
+                  window=_maybe_int(window), scale=scale)
+
+
+def _cast(dtype: str):
+    def body(cx, x):
+        return cx.add("cast", [x], dtype=dtype)
+
+    return body
+
+
+for _dtype in ("f32", "f16", "bf16"):
+    builtin(_dtype, ("x", "tensor"), doc=f"convert to {_dtype}")(_cast(_dtype))
+
+for _name in ("exp", "tanh", "sqrt", "rsqrt", "sigmoid", "neg", "abs"):
+    builtin(_name, ("x", "tensor"), doc=f"elementwise {_name}")(
+        lambda cx, x, _op=_name: cx.add(_op, [x])
+    )
+
+
+def _maybe_int(p: Poly):
+    return p.value if isinstance(p, Poly) and p.is_const else p
+
+
+def _const_axis(axis: Poly) -> int:
+    if not axis.is_const:
+        raise OpTypeError("axis must be a constant", "an integer literal", str(axis))
+    return axis.value
