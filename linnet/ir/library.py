@@ -1,0 +1,156 @@
+"""Core-IR decompositions of the library ops: the numerical reference.
+
+`numerics=equivalent` runs exactly these: norms and softmax in f32, rope tables
+built in f32 at compile time, the attention mask from position compares.
+Each function receives a builder `b` and the op's inputs and attrs, and emits
+primitives only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from linnet.check.dims import Poly
+
+F32 = "f32"
+
+
+def _const(b, value, dtype: str):
+    return b.add("const", [], value=np.asarray(value, dtype=np.float64), dtype=dtype)
+
+
+def _axis_last(b, x):
+    return len(b.type_of(x).shape) - 1
+
+
+def linear(b, x, w, bias=None):
+    rank = len(b.type_of(w).shape)
+    wt = b.add("transpose", [w], perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
+    y = b.add("matmul", [x, wt])
+    return y if bias is None else b.add("add", [y, bias])
+
+
+def rms_norm(b, x, w, *, eps):
+    dtype = b.type_of(x).dtype
+    h = b.add("cast", [x], dtype=F32)
+    var = b.add("reduce_mean", [b.add("mul", [h, h])], axis=-1)
+    h = b.add("mul", [h, b.add("rsqrt", [b.add("add", [var, _const(b, eps, F32)])])])
+    return b.add("mul", [w, b.add("cast", [h], dtype=dtype)])
+
+
+def layer_norm(b, x, w, bias, *, eps):
+    dtype = b.type_of(x).dtype
+    h = b.add("cast", [x], dtype=F32)
+    centered = b.add("sub", [h, b.add("reduce_mean", [h], axis=-1)])
+    var = b.add("reduce_mean", [b.add("mul", [centered, centered])], axis=-1)
+    h = b.add("mul", [centered, b.add("rsqrt", [b.add("add", [var, _const(b, eps, F32)])])])
+    h = b.add("cast", [h], dtype=dtype)
+    return b.add("add", [b.add("mul", [h, w]), bias])
+
+
+def softmax(b, x, *, axis=-1):
+    dtype = b.type_of(x).dtype
+    h = b.add("cast", [x], dtype=F32)
+    e = b.add("exp", [b.add("sub", [h, b.add("reduce_max", [h], axis=axis)])])
+    p = b.add("div", [e, b.add("reduce_sum", [e], axis=axis)])
+    return b.add("cast", [p], dtype=dtype)
+
+
+def silu(b, x):
+    return b.add("mul", [x, b.add("sigmoid", [x])])
+
+
+def gelu(b, x, *, approx="none"):
+    dtype = b.type_of(x).dtype
+    half = b.add("mul", [x, _const(b, 0.5, dtype)])
+    if approx == "tanh":
+        cube = b.add("mul", [b.add("mul", [x, x]), x])
+        inner = b.add("add", [x, b.add("mul", [cube, _const(b, 0.044715, dtype)])])
+        inner = b.add("mul", [inner, _const(b, math.sqrt(2.0 / math.pi), dtype)])
+        gate = b.add("tanh", [inner])
+    else:
+        gate = b.add("erf", [b.add("mul", [x, _const(b, 1.0 / math.sqrt(2.0), dtype)])])
+    return b.add("mul", [half, b.add("add", [gate, _const(b, 1.0, dtype)])])
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: str, factor: float, low_freq: float,
+                  high_freq: float, original_max: int) -> np.ndarray:
+    """Inverse frequencies in f32, as transformers computes them (llama3 included)."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv = (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
+    if scaling != "llama3":
+        return inv
+    low_wavelen = original_max / low_freq
+    high_wavelen = original_max / high_freq
+    wavelen = (2 * math.pi / inv).astype(np.float32)
+    scaled = np.where(wavelen > low_wavelen, inv / np.float32(factor), inv)
+    smooth = (original_max / wavelen - low_freq) / (high_freq - low_freq)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(head_dim: int, positions: int, **spec) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables [positions, head_dim / 2], computed in f32."""
+    inv = rope_inv_freq(head_dim, **spec)
+    freqs = np.arange(positions, dtype=np.float32)[:, None] * inv[None, :]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq,
+         original_max):
+    t = b.type_of(x)
+    bsz, heads, seq, dim = t.shape
+    half = dim.value // 2
+    cos, sin = rope_tables(dim.value, positions, theta=theta, scaling=scaling or "default",
+                           factor=factor, low_freq=low_freq, high_freq=high_freq,
+                           original_max=original_max)
+    rows = {}
+    for name, table in (("cos", cos), ("sin", sin)):
+        c = b.add("const", [], value=table, dtype=F32)
+        c = b.add("slice", [c], starts=(offset, Poly.const(0)), stops=(offset + seq, half))
+        rows[name] = b.add("cast", [c], dtype=t.dtype)  # (S, D/2) broadcasts over B, H
+    zero = Poly.const(0)
+    x1 = b.add("slice", [x], starts=(zero,) * 4, stops=(bsz, heads, seq, Poly.const(half)))
+    x2 = b.add("slice", [x], starts=(zero, zero, zero, Poly.const(half)),
+               stops=(bsz, heads, seq, dim))
+    out1 = b.add("sub", [b.add("mul", [x1, rows["cos"]]), b.add("mul", [x2, rows["sin"]])])
+    out2 = b.add("add", [b.add("mul", [x2, rows["cos"]]), b.add("mul", [x1, rows["sin"]])])
+    return b.add("concat", [out1, out2], axis=-1)
+
+
+def attention(b, q, k, v, *, causal=True, q_offset=0, window=0, scale=None):
+    qt, kt = b.type_of(q), b.type_of(k)
+    bsz, heads, seq, dim = qt.shape
+    kv_heads, keys = kt.shape[1], kt.shape[2]
+    groups = heads.value // kv_heads.value
+    one = Poly.const(1)
+    q5 = b.add("reshape", [q], shape=(bsz, kv_heads, Poly.const(groups), seq, dim))
+    k5 = b.add("reshape", [k], shape=(bsz, kv_heads, one, keys, dim))
+    v5 = b.add("reshape", [v], shape=(bsz, kv_heads, one, keys, dim))
+    kT = b.add("transpose", [k5], perm=(0, 1, 2, 4, 3))
+    scores = b.add("matmul", [q5, kT])  # (B, KV, G, S, T)
+    scale = scale if scale is not None else 1.0 / math.sqrt(dim.value)
+    scores = b.add("mul", [scores, _const(b, scale, qt.dtype)])
+    scores = b.add("cast", [scores], dtype=F32)
+    if causal or window:
+        qpos = b.add("reshape", [b.add("iota", [], length=seq, start=Poly.lift(q_offset),
+                                        dtype="i64")], shape=(seq, one))
+        kpos = b.add("reshape", [b.add("iota", [], length=keys, start=Poly.const(0),
+                                        dtype="i64")], shape=(one, keys))
+        allowed = b.add("le", [kpos, qpos])
+        if window:
+            lo = b.add("sub", [qpos, b.add("const", [], value=np.asarray(window), dtype="i64")])
+            allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, lo])])
+        scores = b.add("where", [allowed, scores, _const(b, -math.inf, F32)])
+    probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
+    out = b.add("matmul", [probs, v5])  # (B, KV, G, S, D)
+    return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
+
+
+DECOMPOSITIONS = {
+    "linear": linear, "rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax,
+    "silu": silu, "gelu": gelu, "rope": rope, "attention": attention,
+}

@@ -1,0 +1,117 @@
+"""Passes over Core-IR graphs. Each returns a new graph; `verify` checks one."""
+
+from __future__ import annotations
+
+from linnet.ir.graph import Graph, GraphBuilder, Node
+from linnet.ir.library import DECOMPOSITIONS
+from linnet.ir.ops import OPS
+
+
+def _copy_frame(graph: Graph) -> tuple[Graph, dict]:
+    """A new graph with the same inputs, params and states; and the value map."""
+    out = Graph(graph.name, dim_inputs=dict(graph.dim_inputs))
+    out._next_id = graph._next_id
+    mapping = {}
+    for v in graph.inputs:
+        mapping[v] = out.input(v.name, v.type)
+    for name, v in graph.params.items():
+        mapping[v] = out.param(name, v.type)
+    for name, v in graph.states.items():
+        mapping[v] = out.state(name, v.type)
+    return out, mapping
+
+
+def _finish(graph: Graph, out: Graph, mapping: dict) -> Graph:
+    out.outputs = [mapping[v] for v in graph.outputs]
+    out.state_outputs = {k: mapping[v] for k, v in graph.state_outputs.items()}
+    return out
+
+
+def decompose(graph: Graph) -> Graph:
+    """Replace every library op by its reference decomposition (numerics=equivalent)."""
+    out, mapping = _copy_frame(graph)
+    b = GraphBuilder(out)
+    for node in graph.nodes:
+        ins = [mapping[v] for v in node.inputs]
+        if OPS[node.op].kind == "library":
+            result = DECOMPOSITIONS[node.op](b, *ins, **node.attrs)
+            if result.type != node.output.type:
+                raise AssertionError(f"decomposition of {node.op} changed the type: "
+                                     f"{node.output.type} -> {result.type}")
+        else:
+            result = b.add(node.op, ins, where=node.where, **node.attrs)
+        if node.output is not None:
+            mapping[node.output] = result
+    return _finish(graph, out, mapping)
+
+
+def dedupe_guards(graph: Graph) -> Graph:
+    """Keep the first of identical runtime guards (rope checks its table per call)."""
+    seen = set()
+    nodes = []
+    for node in graph.nodes:
+        if node.op == "guard":
+            key = (node.attrs["lhs"], node.attrs["rhs"])
+            if key in seen:
+                continue
+            seen.add(key)
+        nodes.append(node)
+    out = Graph(graph.name, graph.inputs, graph.dim_inputs, graph.params, graph.states, nodes,
+                graph.outputs, graph.state_outputs, graph._next_id)
+    return out
+
+
+class VerifyError(AssertionError):
+    pass
+
+
+def verify(graph: Graph) -> None:
+    """Every value defined before use, every op known, every type what its rule says."""
+    defined = set(graph.inputs) | set(graph.params.values()) | set(graph.states.values())
+    for i, node in enumerate(graph.nodes):
+        if node.op not in OPS:
+            raise VerifyError(f"node {i}: unknown op {node.op}")
+        for v in node.inputs:
+            if v not in defined:
+                raise VerifyError(f"node {i} ({node.op}): input {v} used before definition")
+        expected = OPS[node.op].rule([v.type for v in node.inputs], node.attrs)
+        got = None if node.output is None else node.output.type
+        if expected != got:
+            raise VerifyError(f"node {i} ({node.op}): type {got}, rule says {expected}")
+        if node.output is not None:
+            if node.output in defined:
+                raise VerifyError(f"node {i} ({node.op}): {node.output} defined twice")
+            defined.add(node.output)
+    for v in list(graph.outputs) + list(graph.state_outputs.values()):
+        if v not in defined:
+            raise VerifyError(f"output {v} is never defined")
+
+
+def _node_line(node: Node) -> str:
+    attrs = ", ".join(f"{k}={_attr(v)}" for k, v in node.attrs.items())
+    args = ", ".join(repr(v) for v in node.inputs)
+    lhs = f"{node.output!r}: {node.output.type} = " if node.output is not None else ""
+    return f"  {lhs}{node.op}({args}{', ' if args and attrs else ''}{attrs})"
+
+
+def _attr(v) -> str:
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return f"<{v.dtype}{list(v.shape)}>" if v.size > 4 else repr(v.tolist())
+    if isinstance(v, tuple):
+        return "(" + ", ".join(str(x) for x in v) + ")"
+    return str(v)
+
+
+def print_graph(graph: Graph) -> str:
+    """Readable text form, one node a line; stable, so it can be snapshot-tested."""
+    lines = [f"graph {graph.name}("]
+    lines += [f"  {v!r} {v.name}: {v.type}" for v in graph.inputs]
+    lines += [f"  {name}: dim {atom}" for name, atom in graph.dim_inputs.items()]
+    lines += [f"  {v!r} param {name}: {v.type}" for name, v in graph.params.items()]
+    lines += [f"  {v!r} state {name}: {v.type}" for name, v in graph.states.items()]
+    lines.append(")")
+    lines += [_node_line(n) for n in graph.nodes]
+    outs = ", ".join(repr(v) for v in graph.outputs)
+    states = ", ".join(f"{k}={v!r}" for k, v in graph.state_outputs.items())
+    lines.append(f"  return {outs}" + (f"; updates {states}" if states else ""))
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""The model object every backend returns: forward, decode, reset, generate.
+
+    model.forward(ids)            # LongTensor[B, S] -> f32 logits [B, S, V]
+    model.decode(ids, pos)        # appends to the static KV cache -> logits [B, V]
+    model.reset()                 # forget the cache
+    model.generate(ids, 20)       # greedy unless do_sample=True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from linnet.backends.interp import Interpreter
+from linnet.backends.torch_emit import TORCH_DTYPES
+from linnet.errors import LinnetError
+from linnet.ir.passes import decompose, dedupe_guards, verify
+from linnet.source import Source
+
+NUMERICS = ("equivalent",)
+
+
+def build_graph(source: Source, config: dict, entry: str, numerics: str):
+    if numerics not in NUMERICS:
+        raise LinnetError(f"numerics={numerics!r} is not available on this backend; "
+                          f"choose one of {NUMERICS}")
+    graph = dedupe_guards(source.lower(config, entry))
+    verify(graph)
+    graph = decompose(graph)  # equivalent: the library ops' reference decompositions
+    verify(graph)
+    return graph
+
+
+class TorchModel:
+    def __init__(self, source: Source, config: dict, params: dict[str, torch.Tensor],
+                 *, device="cpu", numerics: str = "equivalent", hf_config: dict | None = None):
+        self.source = source
+        self.config = config
+        self.hf_config = hf_config or {}
+        self.params = params
+        self.device = torch.device(device)
+        self.numerics = numerics
+        self.graphs = {e: build_graph(source, config, e, numerics) for e in source.entries}
+        self.runners = {e: Interpreter(g, params, self.device) for e, g in self.graphs.items()}
+        self.state: dict[str, torch.Tensor] = {}
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    # -- entries -----------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of every position, [B, S, V] (no cache involved)."""
+        with torch.inference_mode():
+            return self.runners["forward"].run([self._ids(ids)])[0]
+
+    __call__ = forward
+
+    def decode(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        ids = self._ids(ids)
+        runner = self.runners["decode"]
+        with torch.inference_mode():
+            self._ensure_state(runner, ids.shape[0], pos)
+            out = runner.run([ids], {"at": int(pos)}, self.state)[0]
+        self.position = int(pos) + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state = {}
+        self.position = 0
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, *, eos_token_id=None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, on_token=None) -> torch.Tensor:
+        """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default."""
+        ids = self._ids(ids)
+        self.reset()
+        eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+        logits = self.decode(ids, 0)
+        out = [ids]
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        for step in range(max_new_tokens):
+            token = _pick(logits, do_sample, temperature, top_k, generator)
+            out.append(token[:, None])
+            if on_token is not None:
+                on_token(token)
+            if eos:
+                done |= torch.isin(token, torch.tensor(sorted(eos), device=token.device))
+                if bool(done.all()):
+                    break
+            if step + 1 < max_new_tokens:
+                logits = self.decode(token[:, None], self.position)
+        return torch.cat(out, dim=1)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _ids(self, ids) -> torch.Tensor:
+        ids = torch.as_tensor(ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise LinnetError(f"token ids must be integers, got {ids.dtype}")
+        return ids.to(torch.int64).to(self.device)
+
+    def _ensure_state(self, runner: Interpreter, batch: int, pos: int) -> None:
+        for name, value in runner.graph.states.items():
+            t = value.type
+            shape = [d.eval({"B": batch}) if not d.is_const else d.value for d in t.shape]
+            have = self.state.get(name)
+            if have is None or list(have.shape) != shape:
+                if pos != 0:
+                    raise LinnetError(f"decode at position {pos} with batch {batch}, but the "
+                                      "cache holds another batch: call reset() and start at 0")
+                self.state[name] = torch.zeros(shape, dtype=TORCH_DTYPES[t.dtype],
+                                               device=self.device)
+
+
+def _pick(logits, do_sample, temperature, top_k, generator) -> torch.Tensor:
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / max(temperature, 1e-6)
+    if top_k:
+        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

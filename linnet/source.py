@@ -1,0 +1,83 @@
+"""A checked `.linnet` source and what it yields for one config.
+
+    src = Source.load("zoo/llama.linnet")        # parse + check, or SourceError
+    cfg = src.config({"dim": 64, "n_layers": 2})  # defaults, overrides, constraints
+    src.params(cfg)                               # {"layers.0.wq": TensorType, ...}
+    src.lower(cfg, "decode")                      # Core-IR graph of one entry
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from linnet.check.config import resolve_config
+from linnet.check.diagnostics import DiagnosticError
+from linnet.check.elaborate import Elaborator, check_source
+from linnet.check.values import BlockInfo, Frame
+from linnet.errors import SourceError
+from linnet.ir.graph import Graph
+from linnet.ir.types import TensorType
+from linnet.syntax import ast as A
+from linnet.syntax.parser import parse
+
+
+@dataclass
+class ParamLayout:
+    """The params one config has: shapes of those present, and aliases (tied)."""
+
+    shapes: dict[str, TensorType]
+    tied: dict[str, str]  # param -> the param it shares
+
+
+class Source:
+    def __init__(self, module: A.Module) -> None:
+        self.module = module
+
+    @classmethod
+    def parse_text(cls, text: str, path: str = "<source>") -> Source:
+        try:
+            module = parse(text, path)
+        except DiagnosticError as err:
+            raise SourceError([err.diagnostic]) from None
+        diagnostics = check_source(module)
+        if diagnostics:
+            raise SourceError(diagnostics)
+        return cls(module)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Source:
+        path = Path(path)
+        return cls.parse_text(path.read_text(encoding="utf-8"), str(path))
+
+    @property
+    def name(self) -> str:
+        return self.module.name
+
+    @property
+    def entries(self) -> list[str]:
+        return [f.name for f in self.module.fns if f.kind == "entry"]
+
+    def config(self, overrides: dict | None = None) -> dict:
+        return resolve_config(self.module, overrides)
+
+    def params(self, config: dict) -> ParamLayout:
+        elab = Elaborator(self.module, config)
+        layout = ParamLayout({}, {})
+        self._collect(elab, elab.param_tree, "", layout)
+        return layout
+
+    def _collect(self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout) -> None:
+        for name, node in tree.items():
+            if isinstance(node, BlockInfo):
+                for i in range(node.count.value):
+                    self._collect(elab, node.members, f"{prefix}{name}.{i}.", layout)
+                continue
+            cond = True if node.cond is None else elab.expr(node.cond, Frame(None)).value
+            if node.alias is not None and cond:
+                layout.tied[prefix + name] = prefix + node.alias.id
+            elif cond or node.alias is not None:  # an untied alias is a param of its own
+                layout.shapes[prefix + name] = node.resolved
+
+    def lower(self, config: dict, entry: str) -> Graph:
+        return Elaborator(self.module, config).lower_entry(entry)

@@ -1,0 +1,104 @@
+"""Load a model onto PyTorch: a Hugging Face folder through its weights map, or a
+source with weights you already hold.
+
+    model = linnet.torch.load("path/to/SmolLM2-135M-Instruct", dtype="f32")
+    logits = model.forward(ids)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from linnet.backends.torch_emit import TORCH_DTYPES
+from linnet.errors import CheckpointError, ConfigError
+from linnet.ir.types import FLOAT_DTYPES
+from linnet.runtime import TorchModel
+from linnet.source import Source
+from linnet.weights.manifest import Manifest, find_manifest
+from linnet.weights.plan import Plan, make_plan
+from linnet.weights.safetensors_io import Checkpoint
+
+# The cache is preallocated: cap the default so an 8B model with a 128k context
+# does not reserve tens of GB. Pass max_positions= to go further.
+DEFAULT_MAX_POSITIONS = 4096
+DTYPE_ALIASES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16",
+                 torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def source_for(manifest: Manifest) -> Source:
+    from linnet.zoo import source_path
+
+    return Source.load(source_path(manifest.source))
+
+
+def plan_checkpoint(path: str | Path, *, dtype=None, max_positions: int | None = None
+                    ) -> tuple[Plan, Source, dict, dict]:
+    """Read config and headers only; return the plan, source, config and HF config."""
+    ckpt = Checkpoint(path)
+    hf_config = ckpt.read_config()
+    archs = hf_config.get("architectures") or []
+    if not archs:
+        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field, so no weights "
+                              "map can be chosen", file=str(ckpt.config_path))
+    manifest = find_manifest(archs[0])
+    source = source_for(manifest)
+    overrides = manifest.translate_config(hf_config)
+    if dtype is not None:
+        overrides["act"] = normalize_dtype(dtype)
+    overrides.setdefault("act", "f32")
+    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
+    overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+    config = source.config(overrides)
+    layout = source.params(config)
+    shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
+    plan = make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
+    return plan, source, config, hf_config
+
+
+def load(path: str | Path, *, dtype=None, device="cpu", numerics: str = "equivalent",
+         max_positions: int | None = None) -> TorchModel:
+    """A local HF checkpoint folder (config.json + safetensors) as a Linnet model.
+
+    dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype.
+    max_positions: KV-cache length; default the config's context, capped at 4096.
+    """
+    plan, source, config, hf_config = plan_checkpoint(path, dtype=dtype,
+                                                      max_positions=max_positions)
+    plan.check()
+    torch_dtype = TORCH_DTYPES[config["act"]]
+    params = {name: t.to(device) for name, t in plan.load(torch_dtype)}
+    return TorchModel(source, config, params, device=device, numerics=numerics,
+                      hf_config=hf_config)
+
+
+def load_source(source_path: str | Path, config: dict, weights: dict[str, torch.Tensor], *,
+                device="cpu", numerics: str = "equivalent") -> TorchModel:
+    """A source outside the zoo with a config and params named as the source names them."""
+    source = Source.load(source_path)
+    config = source.config(config)
+    layout = source.params(config)
+    missing = sorted(set(layout.shapes) - set(weights))
+    extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
+    if missing or extra:
+        raise CheckpointError(f"weights do not fit {source_path}: missing {missing[:5]}, "
+                              f"unexpected {extra[:5]}",
+                              tensor=(missing or extra)[0])
+    params = {}
+    for name, t in layout.shapes.items():
+        want = tuple(d.value for d in t.shape)
+        if tuple(weights[name].shape) != want:
+            raise CheckpointError(f"param `{name}` must have shape {want}, got "
+                                  f"{tuple(weights[name].shape)}", tensor=name)
+        params[name] = weights[name].to(device=device, dtype=TORCH_DTYPES[t.dtype])
+    for name, target in layout.tied.items():
+        params[name] = params[target]
+    return TorchModel(source, config, params, device=device, numerics=numerics)
+
+
+def normalize_dtype(dtype) -> str:
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in FLOAT_DTYPES:
+        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    return name
