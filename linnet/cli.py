@@ -1,0 +1,91 @@
+"""The `linnet` command.
+
+Every user mistake ends as a message on stderr and a non-zero exit code:
+1 for a source or checkpoint that does not pass, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from linnet.errors import LinnetError, SourceError
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns Linnet's own errors into a message and exit code, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SourceError as err:
+            click.echo(str(err), err=True)
+            sys.exit(1)
+        except LinnetError as err:
+            _fail(str(err))
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="linnet")
+def main() -> None:
+    """Linnet: check model sources, load checkpoints, verify parity, export."""
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def check(paths: tuple[Path, ...]) -> None:
+    """Check .linnet sources (files or folders) before any weight is touched."""
+    from linnet.source import Source
+
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(p.rglob("*.linnet"))
+        elif p.exists():
+            files.append(p)
+        else:
+            _fail(f"{p}: no such file or folder", 2)
+    if not files:
+        _fail(f"no .linnet sources under {', '.join(map(str, paths))}", 2)
+    errors = 0
+    for f in files:
+        try:
+            Source.load(f)
+        except SourceError as err:
+            errors += len(err.diagnostics)
+            click.echo(str(err) + "\n", err=True)
+        except (OSError, UnicodeDecodeError) as err:
+            errors += 1
+            click.echo(f"{f}: error: cannot read the source: {err}\n", err=True)
+    if errors:
+        click.echo(f"{errors} error{'s' if errors > 1 else ''} in {len(files)} "
+                   f"source{'s' if len(files) > 1 else ''}", err=True)
+        sys.exit(1)
+    click.echo(f"checked {len(files)} source{'s' if len(files) > 1 else ''}: no errors")
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
+def plan(path: Path, dtype: str | None) -> None:
+    """Show how a checkpoint's tensors map onto its source, reading headers only."""
+    from linnet.loading import plan_checkpoint
+
+    result = plan_checkpoint(path, dtype=dtype)[0]
+    click.echo(result.format())
+    if result.problems:
+        click.echo(f"\n{len(result.problems)} problem(s):", err=True)
+        for problem in result.problems:
+            click.echo(f"  {problem}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""From a checkpoint folder to a plan, a source and a config, reading headers only.
+
+Nothing here imports torch: `linnet plan` and the exporters' planning run without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from linnet.errors import CheckpointError, ConfigError
+from linnet.ir.types import FLOAT_DTYPES
+from linnet.source import Source
+from linnet.weights.manifest import Manifest, find_manifest
+from linnet.weights.plan import Plan, make_plan
+from linnet.weights.safetensors_io import Checkpoint
+
+# The cache is preallocated: cap the default so an 8B model with a 128k context
+# does not reserve tens of GB. Pass max_positions= to go further.
+DEFAULT_MAX_POSITIONS = 4096
+DTYPE_ALIASES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def source_for(manifest: Manifest) -> Source:
+    from linnet.zoo import source_path
+
+    return Source.load(source_path(manifest.source))
+
+
+def plan_checkpoint(path: str | Path, *, dtype=None, max_positions: int | None = None
+                    ) -> tuple[Plan, Source, dict, dict]:
+    """Read config and headers only; return the plan, source, config and HF config."""
+    ckpt = Checkpoint(path)
+    hf_config = ckpt.read_config()
+    archs = hf_config.get("architectures") or []
+    if not archs:
+        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field, so no weights "
+                              "map can be chosen", file=str(ckpt.config_path))
+    manifest = find_manifest(archs[0])
+    source = source_for(manifest)
+    overrides = manifest.translate_config(hf_config)
+    if dtype is not None:
+        overrides["act"] = normalize_dtype(dtype)
+    overrides.setdefault("act", "f32")
+    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
+    overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+    config = source.config(overrides)
+    layout = source.params(config)
+    shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
+    plan = make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
+    return plan, source, config, hf_config
+
+
+def normalize_dtype(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")  # accepts torch dtypes without importing torch
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in FLOAT_DTYPES:
+        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    return name
