@@ -35,6 +35,7 @@ class Elaborator(statements.Statements):
         self.fns = {f.name: f for f in module.fns}
         self.fn_writes: dict[str, set[str]] = {}
         self.checking_stack: list[str] = []
+        self.broken_fns: set[str] = set()
         self.state_values: dict = {}
         self.globals: dict = {}
         self.minimums: dict[str, int] = {}

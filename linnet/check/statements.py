@@ -280,6 +280,7 @@ class Statements(Expressions):
             self.run_body(fn.body, callee)
             return callee.returned
         self.check_fn(fn)
+        frame.calls_broken |= fn.name in self.broken_fns
         for written in self.fn_writes[fn.name]:
             self.propagate_write(fn, written, given.get(written), frame)
         ret = self.tensor_type(fn.ret, callee)
@@ -367,14 +368,16 @@ class Statements(Expressions):
         self.checking_stack.append(fn.name)
         frame = self.pattern_frame(fn)
         self._frame = frame
+        self.broken_fns.add(fn.name)  # until its body checks through
         try:
             for arg in fn.args:
                 frame.vars[arg.name] = self.arg_value(arg, frame)
             self.run_body(fn.body, frame)
             if frame.returned is None:
                 self.error(fn.span, f"`{fn.name}` does not end with `return`", frame=frame)
-            if fn.kind == "entry":
+            if fn.kind == "entry" and not frame.calls_broken:
                 self.check_updates(fn, frame)
+            self.broken_fns.discard(fn.name)
         finally:  # a broken function is reported once, not again at each call
             self.checking_stack.pop()
             self.fn_writes[fn.name] = frame.writes

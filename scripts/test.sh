@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: set up from scratch (idempotent), then run the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+linnet check zoo/
+ruff check linnet converters weights_maps zoo tests scripts
+python -m pytest -q -p no:cacheprovider "$@"
