@@ -106,7 +106,9 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             f"{file}: corrupt safetensors header (not valid JSON: {e})", file=str(file)
         ) from e
     if not isinstance(header, dict):
-        raise CheckpointError(f"{file}: corrupt safetensors header (not a JSON object)", file=str(file))
+        raise CheckpointError(
+            f"{file}: corrupt safetensors header (not a JSON object)", file=str(file)
+        )
 
     data_start = 8 + length
     data_size = size - data_start
@@ -173,9 +175,7 @@ def _tensor_info(file: Path, name: str, entry: Any, data_start: int) -> TensorIn
 
 def _pickled_files(folder: Path) -> list[Path]:
     """Names of pickled weight files in `folder` (by name only; none is opened)."""
-    return sorted(
-        p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file()
-    )
+    return sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
 
 
 class Checkpoint:
@@ -184,7 +184,9 @@ class Checkpoint:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         if not self.folder.exists():
-            raise CheckpointError(f"{self.folder}: no such checkpoint folder", file=str(self.folder))
+            raise CheckpointError(
+                f"{self.folder}: no such checkpoint folder", file=str(self.folder)
+            )
         if not self.folder.is_dir():
             raise CheckpointError(
                 f"{self.folder}: not a folder (a checkpoint is a folder holding config.json "
