@@ -164,7 +164,7 @@ def _parse_transform(spec: Any, where: str) -> Transform:
         ):
             return Transform("permute", tuple(axes))
     raise ConfigError(
-        f"{where}: unknown transform {spec!r} (known: \"transpose\", {{ permute = [...] }})"
+        f'{where}: unknown transform {spec!r} (known: "transpose", {{ permute = [...] }})'
     )
 
 
@@ -232,8 +232,10 @@ class Rule:
             ax = self.split_axis
             first = param_shapes[0]
             for s in param_shapes:
-                if len(s) != len(first) or ax >= len(s) or any(
-                    a != b for k, (a, b) in enumerate(zip(s, first, strict=True)) if k != ax
+                if (
+                    len(s) != len(first)
+                    or ax >= len(s)
+                    or any(a != b for k, (a, b) in enumerate(zip(s, first, strict=True)) if k != ax)
                 ):
                     raise ValueError(
                         f"params of shapes {', '.join(map(str, map(list, param_shapes)))} "
@@ -312,9 +314,7 @@ def layer_types_window(config: Mapping, field_name: str) -> Any:
         if not config.get("use_sliding_window", False) or window is None:
             return 0
         first = config.get("max_window_layers", 28)
-        types = [
-            "sliding_attention" if i >= first else "full_attention" for i in range(n_layers)
-        ]
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
     kinds = set(types)
     if kinds <= {"full_attention"}:
         return 0
@@ -442,9 +442,7 @@ class Manifest:
         return None
 
     def is_ignored(self, name: str) -> bool:
-        return any(
-            r.fullmatch(c) for c in self._candidates(name) for r in self._ignore_regexes
-        )
+        return any(r.fullmatch(c) for c in self._candidates(name) for r in self._ignore_regexes)
 
     def rule_for_param(self, param: str) -> tuple[Rule, dict[str, str]] | None:
         """The rule (and bindings) whose targets include `param`, or None."""
@@ -474,9 +472,15 @@ class Manifest:
 
     # tensors -------------------------------------------------------------------------
 
-    def from_hf(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """HF-named tensors -> source params (ignorable tensors are dropped). Splits use
-        equal parts; `linnet.weights.plan` uses the params' declared shapes instead."""
+    def from_hf(
+        self,
+        tensors: Mapping[str, Any],
+        param_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> dict[str, Any]:
+        """HF-named tensors -> source params (ignorable tensors are dropped).
+
+        A split takes its part sizes from `param_shapes` (param -> shape); without
+        them it splits into equal parts, which is wrong for fused grouped-query QKV."""
         out: dict[str, Any] = {}
         for name, x in tensors.items():
             found = self.match(name)
@@ -487,11 +491,20 @@ class Manifest:
                     f"tensor {name}: no rule of {self.path.name} maps it", tensor=name
                 )
             rule, bindings = found
+            targets = rule.targets(bindings)
+            sizes = None
+            if rule.split_axis is not None and param_shapes is not None:
+                missing = [t for t in targets if t not in param_shapes]
+                if missing:
+                    raise CheckpointError(
+                        f"tensor {name}: no shape given for {', '.join(missing)}", tensor=name
+                    )
+                sizes = [param_shapes[t][rule.split_axis] for t in targets]
             try:
-                parts = rule.forward(x)
+                parts = rule.forward(x, sizes)
             except ValueError as e:
                 raise CheckpointError(f"tensor {name}: {e}", tensor=name) from e
-            for param, part in zip(rule.targets(bindings), parts, strict=True):
+            for param, part in zip(targets, parts, strict=True):
                 if param in out:
                     raise CheckpointError(
                         f"tensor {name}: param {param} is already set by another tensor",
@@ -578,8 +591,9 @@ def _parse_field(path: Path, name: str, spec: Any) -> FieldSpec:
         if "compute" in spec:
             if spec["compute"] not in COMPUTED:
                 raise _fail(
-                    path, f"config.{name}: unknown compute {spec['compute']!r} "
-                    f"(known: {', '.join(COMPUTED)})"
+                    path,
+                    f"config.{name}: unknown compute {spec['compute']!r} "
+                    f"(known: {', '.join(COMPUTED)})",
                 )
             return FieldSpec(name, compute=spec["compute"])
         paths = spec.get("from", [name])
@@ -602,7 +616,9 @@ def _parse_field(path: Path, name: str, spec: Any) -> FieldSpec:
 
 def _parse_require(path: Path, name: str, spec: Any) -> Requirement:
     if not isinstance(spec, dict) or not ({"equals", "one_of"} & set(spec)):
-        raise _fail(path, f"config.require.{name}: expected {{ equals = ... }} or {{ one_of = [...] }}")
+        raise _fail(
+            path, f"config.require.{name}: expected {{ equals = ... }} or {{ one_of = [...] }}"
+        )
     paths = spec.get("from", [name])
     if isinstance(paths, str):
         paths = [paths]
@@ -613,7 +629,7 @@ def _parse_require(path: Path, name: str, spec: Any) -> Requirement:
 def _parse_rule(path: Path, i: int, spec: Any) -> Rule:
     where = f"{path}: tensors[{i}]"
     if not isinstance(spec, dict) or not isinstance(spec.get("hf"), str):
-        raise ConfigError(f"{where}: each [[tensors]] entry needs hf = \"...\"")
+        raise ConfigError(f'{where}: each [[tensors]] entry needs hf = "..."')
     unknown = set(spec) - {"hf", "param", "split", "transforms"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -654,7 +670,7 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
     if unknown:
         raise _fail(path, f"unknown keys {sorted(unknown)}")
     if not isinstance(data.get("architecture"), str):
-        raise _fail(path, "missing architecture = \"...\"")
+        raise _fail(path, 'missing architecture = "..."')
 
     base = None
     if "base" in data:
@@ -676,7 +692,7 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
 
     source = data.get("source", base.source if base else None)
     if not isinstance(source, str):
-        raise _fail(path, "missing source = \"...\"")
+        raise _fail(path, 'missing source = "..."')
     prefix = data.get("hf_prefix", base.hf_prefix if base else "")
 
     if base is not None:
