@@ -121,7 +121,8 @@ class Plan:
         files = self.checkpoint.files
         lines.append(f"dtype         {self.dtype}")
         lines.append(
-            f"files         {files[0].name}" + (f" (+{len(files) - 1} shards)" if len(files) > 1 else "")
+            f"files         {files[0].name}"
+            + (f" (+{len(files) - 1} shards)" if len(files) > 1 else "")
         )
         lines.append("")
         table = [("HF tensor", "shape", "dtype", "transform", "params")]
@@ -133,9 +134,7 @@ class Plan:
         widths = [max(len(row[k]) for row in table) for k in range(4)]
         for row in table:
             lines.append(
-                "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True))
-                + "  "
-                + row[4]
+                "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
             )
         n_load = sum(r.loads for r in self.rows)
         n_params = sum(len(r.params) for r in self.rows if r.loads)
