@@ -65,8 +65,11 @@ def check(paths: tuple[Path, ...]) -> None:
             errors += 1
             click.echo(f"{f}: error: cannot read the source: {err}\n", err=True)
     if errors:
-        click.echo(f"{errors} error{'s' if errors > 1 else ''} in {len(files)} "
-                   f"source{'s' if len(files) > 1 else ''}", err=True)
+        click.echo(
+            f"{errors} error{'s' if errors > 1 else ''} in {len(files)} "
+            f"source{'s' if len(files) > 1 else ''}",
+            err=True,
+        )
         sys.exit(1)
     click.echo(f"checked {len(files)} source{'s' if len(files) > 1 else ''}: no errors")
 

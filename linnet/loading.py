@@ -26,15 +26,18 @@ def source_for(manifest: Manifest) -> Source:
     return Source.load(source_path(manifest.source))
 
 
-def plan_checkpoint(path: str | Path, *, dtype=None, max_positions: int | None = None
-                    ) -> tuple[Plan, Source, dict, dict]:
+def plan_checkpoint(
+    path: str | Path, *, dtype=None, max_positions: int | None = None
+) -> tuple[Plan, Source, dict, dict]:
     """Read config and headers only; return the plan, source, config and HF config."""
     ckpt = Checkpoint(path)
     hf_config = ckpt.read_config()
     archs = hf_config.get("architectures") or []
     if not archs:
-        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field, so no weights "
-                              "map can be chosen", file=str(ckpt.config_path))
+        raise CheckpointError(
+            f"{ckpt.config_path}: no `architectures` field, so no weights map can be chosen",
+            file=str(ckpt.config_path),
+        )
     manifest = find_manifest(archs[0])
     source = source_for(manifest)
     overrides = manifest.translate_config(hf_config)

@@ -1,9 +1,9 @@
 """The model object every backend returns: forward, decode, reset, generate.
 
-    model.forward(ids)            # LongTensor[B, S] -> f32 logits [B, S, V]
-    model.decode(ids, pos)        # appends to the static KV cache -> logits [B, V]
-    model.reset()                 # forget the cache
-    model.generate(ids, 20)       # greedy unless do_sample=True
+model.forward(ids)            # LongTensor[B, S] -> f32 logits [B, S, V]
+model.decode(ids, pos)        # appends to the static KV cache -> logits [B, V]
+model.reset()                 # forget the cache
+model.generate(ids, 20)       # greedy unless do_sample=True
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ NUMERICS = ("equivalent",)
 
 def build_graph(source: Source, config: dict, entry: str, numerics: str):
     if numerics not in NUMERICS:
-        raise LinnetError(f"numerics={numerics!r} is not available on this backend; "
-                          f"choose one of {NUMERICS}")
+        raise LinnetError(
+            f"numerics={numerics!r} is not available on this backend; choose one of {NUMERICS}"
+        )
     graph = dedupe_guards(source.lower(config, entry))
     verify(graph)
     graph = decompose(graph)  # equivalent: the library ops' reference decompositions
@@ -31,8 +32,16 @@ def build_graph(source: Source, config: dict, entry: str, numerics: str):
 
 
 class TorchModel:
-    def __init__(self, source: Source, config: dict, params: dict[str, torch.Tensor],
-                 *, device="cpu", numerics: str = "equivalent", hf_config: dict | None = None):
+    def __init__(
+        self,
+        source: Source,
+        config: dict,
+        params: dict[str, torch.Tensor],
+        *,
+        device="cpu",
+        numerics: str = "equivalent",
+        hf_config: dict | None = None,
+    ):
         self.source = source
         self.config = config
         self.hf_config = hf_config or {}
@@ -70,9 +79,18 @@ class TorchModel:
         self.state = {}
         self.position = 0
 
-    def generate(self, ids: torch.Tensor, max_new_tokens: int, *, eos_token_id=None,
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, on_token=None) -> torch.Tensor:
+    def generate(
+        self,
+        ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        eos_token_id=None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        on_token=None,
+    ) -> torch.Tensor:
         """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default."""
         ids = self._ids(ids)
         self.reset()
@@ -109,10 +127,13 @@ class TorchModel:
             have = self.state.get(name)
             if have is None or list(have.shape) != shape:
                 if pos != 0:
-                    raise LinnetError(f"decode at position {pos} with batch {batch}, but the "
-                                      "cache holds another batch: call reset() and start at 0")
-                self.state[name] = torch.zeros(shape, dtype=TORCH_DTYPES[t.dtype],
-                                               device=self.device)
+                    raise LinnetError(
+                        f"decode at position {pos} with batch {batch}, but the "
+                        "cache holds another batch: call reset() and start at 0"
+                    )
+                self.state[name] = torch.zeros(
+                    shape, dtype=TORCH_DTYPES[t.dtype], device=self.device
+                )
 
 
 def _pick(logits, do_sample, temperature, top_k, generator) -> torch.Tensor:

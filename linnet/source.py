@@ -1,9 +1,9 @@
 """A checked `.linnet` source and what it yields for one config.
 
-    src = Source.load("zoo/llama.linnet")        # parse + check, or SourceError
-    cfg = src.config({"dim": 64, "n_layers": 2})  # defaults, overrides, constraints
-    src.params(cfg)                               # {"layers.0.wq": TensorType, ...}
-    src.lower(cfg, "decode")                      # Core-IR graph of one entry
+src = Source.load("zoo/llama.linnet")        # parse + check, or SourceError
+cfg = src.config({"dim": 64, "n_layers": 2})  # defaults, overrides, constraints
+src.params(cfg)                               # {"layers.0.wq": TensorType, ...}
+src.lower(cfg, "decode")                      # Core-IR graph of one entry
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ class Source:
         return resolve_config(self.module, overrides)
 
     def params(self, config: dict) -> ParamLayout:
-        elab = Elaborator(self.module, config)
+        try:
+            elab = Elaborator(self.module, config)
+        except DiagnosticError as err:
+            raise SourceError([err.diagnostic]) from None
         layout = ParamLayout({}, {})
         self._collect(elab, elab.param_tree, "", layout)
         return layout
@@ -80,4 +83,7 @@ class Source:
                 layout.shapes[prefix + name] = node.resolved
 
     def lower(self, config: dict, entry: str) -> Graph:
-        return Elaborator(self.module, config).lower_entry(entry)
+        try:
+            return Elaborator(self.module, config).lower_entry(entry)
+        except DiagnosticError as err:  # a mistake only this config exposes
+            raise SourceError([err.diagnostic]) from None

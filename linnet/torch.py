@@ -17,24 +17,37 @@ from linnet.loading import plan_checkpoint
 from linnet.runtime import TorchModel
 from linnet.source import Source
 
-def load(path: str | Path, *, dtype=None, device="cpu", numerics: str = "equivalent",
-         max_positions: int | None = None) -> TorchModel:
+
+def load(
+    path: str | Path,
+    *,
+    dtype=None,
+    device="cpu",
+    numerics: str = "equivalent",
+    max_positions: int | None = None,
+) -> TorchModel:
     """A local HF checkpoint folder (config.json + safetensors) as a Linnet model.
 
     dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype.
     max_positions: KV-cache length; default the config's context, capped at 4096.
     """
-    plan, source, config, hf_config = plan_checkpoint(path, dtype=dtype,
-                                                      max_positions=max_positions)
+    plan, source, config, hf_config = plan_checkpoint(
+        path, dtype=dtype, max_positions=max_positions
+    )
     plan.check()
     torch_dtype = TORCH_DTYPES[config["act"]]
     params = {name: t.to(device) for name, t in plan.load(torch_dtype)}
-    return TorchModel(source, config, params, device=device, numerics=numerics,
-                      hf_config=hf_config)
+    return TorchModel(source, config, params, device=device, numerics=numerics, hf_config=hf_config)
 
 
-def load_source(source_path: str | Path, config: dict, weights: dict[str, torch.Tensor], *,
-                device="cpu", numerics: str = "equivalent") -> TorchModel:
+def load_source(
+    source_path: str | Path,
+    config: dict,
+    weights: dict[str, torch.Tensor],
+    *,
+    device="cpu",
+    numerics: str = "equivalent",
+) -> TorchModel:
     """A source outside the zoo with a config and params named as the source names them."""
     source = Source.load(source_path)
     config = source.config(config)
@@ -42,15 +55,18 @@ def load_source(source_path: str | Path, config: dict, weights: dict[str, torch.
     missing = sorted(set(layout.shapes) - set(weights))
     extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
     if missing or extra:
-        raise CheckpointError(f"weights do not fit {source_path}: missing {missing[:5]}, "
-                              f"unexpected {extra[:5]}",
-                              tensor=(missing or extra)[0])
+        raise CheckpointError(
+            f"weights do not fit {source_path}: missing {missing[:5]}, unexpected {extra[:5]}",
+            tensor=(missing or extra)[0],
+        )
     params = {}
     for name, t in layout.shapes.items():
         want = tuple(d.value for d in t.shape)
         if tuple(weights[name].shape) != want:
-            raise CheckpointError(f"param `{name}` must have shape {want}, got "
-                                  f"{tuple(weights[name].shape)}", tensor=name)
+            raise CheckpointError(
+                f"param `{name}` must have shape {want}, got {tuple(weights[name].shape)}",
+                tensor=name,
+            )
         params[name] = weights[name].to(device=device, dtype=TORCH_DTYPES[t.dtype])
     for name, target in layout.tied.items():
         params[name] = params[target]

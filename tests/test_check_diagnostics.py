@@ -5,8 +5,8 @@ zoo/llama.linnet. Each asserts the SourceError, the exact line and column of
 the first diagnostic (and the token the caret starts on), a piece of its
 message and, where it matters, the expected/received text and the hint.
 
-Cases marked xfail(strict=True) are checker bugs: the test states the right
-behaviour, so it starts passing (and must be unmarked) once the bug is fixed.
+The FIXED_BUGS cases were checker bugs this suite found; each states the right
+behaviour and guards against the bug coming back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from linnet.check.diagnostics import Diagnostic, DiagnosticError
+from linnet.check.diagnostics import Diagnostic
 from linnet.cli import main
 from linnet.errors import ConfigError, LinnetError, SourceError
 from linnet.source import Source
@@ -351,7 +351,7 @@ def test_mistake(name):
 
 
 def test_unknown_keyword_argument_message():
-    """Message and hint only: the column is a known bug (see KNOWN_BUGS)."""
+    """Message and hint only: the column is a known bug (see FIXED_BUGS)."""
     text = edit(
         "o = attention(q, k, v, causal=true, q_offset=at)",
         "o = attention(q, k, v, causal=true, offset=at)",
@@ -411,11 +411,11 @@ def test_zoo_config_require_violated():
         src.config({"n_heads": 32, "n_kv": 5})
 
 
-# -- known checker bugs (xfail, strict) -----------------------------------------------------
-# Each states the right behaviour; see the reason for what happens today.
+# -- regressions: checker bugs found by this suite, now fixed ---------------------------------
+# Each states the right behaviour; the text says what used to happen.
 
 # fmt: off
-KNOWN_BUGS = {
+FIXED_BUGS = {
     "missing_close_paren": (
         Case(MLP_H, "  h = rms_norm(x, p.mlp_norm, eps\n", 64, 15, "(x, p.mlp_norm", "("),
         "an unclosed `(` is reported at the first token of the next line (65:3, 'expected `,` "
@@ -498,35 +498,23 @@ KNOWN_BUGS = {
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r))
-        for n, (_, r) in KNOWN_BUGS.items()
+        pytest.param(n, id=n)
+        for n in FIXED_BUGS
     ],
 )
-def test_mistake_known_bug(name):
-    check_case(KNOWN_BUGS[name][0])
+def test_mistake_fixed_bug(name):
+    check_case(FIXED_BUGS[name][0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DiagnosticError,
-    reason="Source.lower lets the front end's internal DiagnosticError escape "
-    "(not a LinnetError) when lowering meets a mistake the checker missed",
-)
 @pytest.mark.parametrize("name", ["symbolic_dim_as_tensor_operand", "return_inside_for"])
 def test_lowering_raises_only_linnet_errors(name):
-    case = KNOWN_BUGS[name][0]
+    case = FIXED_BUGS[name][0]
     src = Source(parse(edit(case.old, case.new), PATH))  # skips the checker on purpose
     with pytest.raises(LinnetError):
         for entry in src.entries:
             src.lower(src.config(), entry)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an unknown dtype in a fn's return type is reported "
-    "once by the fn check and again at every call site (3 identical "
-    "diagnostics at 67:33 here)",
-)
 def test_unknown_return_dtype_reported_once():
     text = edit(
         "fn logits(x: act[B, S, dim]) -> f32[B, S, vocab]",
@@ -536,11 +524,6 @@ def test_unknown_return_dtype_reported_once():
     assert [(d.line, d.col) for d in diags] == [(67, 33)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`unknown type` of a fn argument is reported by the "
-    "fn check and again at each call site (3 diagnostics at 63:11 here)",
-)
 def test_unknown_argument_type_reported_once():
     diags = diagnostics_of(edit("fn mlp(p: layers,", "fn mlp(p: layerz,"))
     assert [(d.line, d.col) for d in diags] == [(63, 11)]
@@ -573,13 +556,6 @@ def test_decode_calling_inside_if_is_valid():
     Source.parse_text(edit(DECODE_CALL, DECODE_CALL_IN_IF), PATH)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Frame.calls_broken is set on the branch copies that "
-    "do_if makes and never merged back, so a broken callee called inside an "
-    "`if` of an entry still yields a spurious '`decode` declares `updates kv` "
-    "but never writes it' (77:1)",
-)
 @pytest.mark.parametrize("old, new", CASCADE_EDITS)
 def test_no_cascade_into_updates_check_through_if(old, new):
     diags = diagnostics_of(edit(DECODE_CALL, DECODE_CALL_IN_IF, edit(old, new)))
@@ -593,24 +569,12 @@ def _source_error_or_clean(text: str) -> None:
         assert err.diagnostics
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="comparing two dtypes (`require act == f32`) crashes in "
-    "Expressions.compare: DtypeVal has no `.value`",
-)
 def test_dtype_comparison_does_not_crash():
     _source_error_or_clean(
         edit("  require n_heads % n_kv == 0", "  require n_heads % n_kv == 0\n  require act == f32")
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="`none == none` / `layers == layers` crash in Expressions.compare "
-    "(NoneVal / BlockVal have no `.value`); should be a SourceError",
-)
 @pytest.mark.parametrize("cond", ["none == none", "layers == layers"])
 def test_compare_of_non_values_is_a_diagnostic(cond):
     diags = diagnostics_of(
@@ -619,22 +583,10 @@ def test_compare_of_non_values_is_a_diagnostic(cond):
     assert (diags[0].line, diags[0].col) == (54, 13)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="softmax's default axis is the Python int -1, and _const_axis calls "
-    "`.is_const` on it: softmax(x) crashes the checker",
-)
 def test_softmax_default_axis():
     Source.parse_text(edit("silu(linear(h, p.gate))", "softmax(linear(h, p.gate))"), PATH)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="rope reads x.type.shape[2] (require_le) before the op rule checks "
-    "the rank: a rope of a rank < 3 tensor crashes with IndexError",
-)
 def test_rope_of_low_rank_tensor():
     diags = diagnostics_of(
         edit(
@@ -646,12 +598,6 @@ def test_rope_of_low_rank_tensor():
     assert "rope needs [B, H, S, D]" in diags[0].message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="the linear/rms_norm/layer_norm op rules read shape[-1] without a "
-    "rank check: a rank-0 input (x[0, 0, 0]) crashes with IndexError",
-)
 @pytest.mark.parametrize(
     "call",
     [
@@ -665,12 +611,6 @@ def test_rank_0_input_to_a_norm_or_linear(call):
     assert (diags[0].line, diags[0].col) == (65, 7)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="config resolution evaluates `n_heads % n_kv` with n_kv = 0 and "
-    "raises ZeroDivisionError instead of ConfigError",
-)
 @pytest.mark.parametrize("source", ["base", "llama"])
 def test_config_zero_divisor_override(source):
     src = (
@@ -682,13 +622,6 @@ def test_config_zero_divisor_override(source):
         src.config({"n_kv": 0})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="a default dividing by a constant 0 checks clean (float `/`, int "
-    "`//` and `%` are not checked) and config resolution then raises "
-    "ZeroDivisionError",
-)
 @pytest.mark.parametrize(
     "old, new",
     [

@@ -250,12 +250,6 @@ def test_cli_check_subprocess_prints_no_traceback(tmp_path):
     assert res.stderr.count(": error: ") >= 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`require act == f32` crashes the checker "
-    "(AttributeError in Expressions.compare), so `linnet check` prints a "
-    "traceback instead of a diagnostic",
-)
 def test_cli_check_no_traceback_on_dtype_compare(tmp_path):
     bad = tmp_path / "cmp.linnet"
     bad.write_text(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from linnet.zoo import source_path
 
 import linnet.torch as lt
-from linnet.zoo import source_path
 from tests.checkpoints import (
     PROBE_SHAPE,
     build_tiny,

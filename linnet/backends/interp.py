@@ -43,22 +43,28 @@ class Interpreter:
         dims = {self.graph.dim_inputs[k]: int(v) for k, v in dim_values.items()}
         for value, tensor in zip(self.graph.inputs, inputs):
             if tensor.dim() != value.type.rank:
-                raise LinnetError(f"`{value.name}` must have rank {value.type.rank} "
-                                  f"({value.type}), got shape {tuple(tensor.shape)}")
+                raise LinnetError(
+                    f"`{value.name}` must have rank {value.type.rank} "
+                    f"({value.type}), got shape {tuple(tensor.shape)}"
+                )
             if tensor.dtype != TORCH_DTYPES[value.type.dtype]:
-                raise LinnetError(f"`{value.name}` must be {value.type.dtype}, "
-                                  f"got {tensor.dtype}")
+                raise LinnetError(f"`{value.name}` must be {value.type.dtype}, got {tensor.dtype}")
             for poly, size in zip(value.type.shape, tensor.shape):
                 atom = poly.as_atom()
                 if atom is not None and atom not in dims:
                     dims[atom] = int(size)
                 elif poly.eval(dims) != size:
-                    raise LinnetError(f"`{value.name}` must be {value.type}, "
-                                      f"got shape {tuple(tensor.shape)}")
+                    raise LinnetError(
+                        f"`{value.name}` must be {value.type}, got shape {tuple(tensor.shape)}"
+                    )
         return dims
 
-    def run(self, inputs: list[torch.Tensor], dim_values: dict[str, int] | None = None,
-            states: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def run(
+        self,
+        inputs: list[torch.Tensor],
+        dim_values: dict[str, int] | None = None,
+        states: dict[str, torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         dims = self.bind_dims(inputs, dim_values or {})
         env: list = [None] * self.n_slots
         for i, t in self.fixed.items():

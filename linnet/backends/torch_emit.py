@@ -13,8 +13,12 @@ from linnet.errors import RuntimeGuardError
 from linnet.ir.ops import BINARY, COMPARE, UNARY
 
 TORCH_DTYPES = {
-    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-    "i64": torch.int64, "i32": torch.int32, "bool": torch.bool,
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "bool": torch.bool,
 }
 
 
@@ -30,34 +34,57 @@ def _guard(attrs, dims):
     lhs, rhs = _ev(attrs["lhs"], dims), _ev(attrs["rhs"], dims)
     if lhs > rhs:
         bound = ", ".join(f"{k} = {v}" for k, v in sorted(dims.items()))
-        raise RuntimeGuardError(f"{attrs['where']}: {attrs['message']} failed: "
-                                f"{attrs['lhs']} = {lhs} > {attrs['rhs']} = {rhs} ({bound})")
+        raise RuntimeGuardError(
+            f"{attrs['where']}: {attrs['message']} failed: "
+            f"{attrs['lhs']} = {lhs} > {attrs['rhs']} = {rhs} ({bound})"
+        )
 
 
 def _update_slice(attrs, dims, x, update):
     # In place: state buffers keep their address (what CUDA graphs need); the
     # source only reads the state through the returned value afterwards.
-    x[_slices(attrs["starts"], [s + n for s, n in zip(attrs["starts"], update.shape)],
-              dims)].copy_(update)
+    x[_slices(attrs["starts"], [s + n for s, n in zip(attrs["starts"], update.shape)], dims)].copy_(
+        update
+    )
     return x
 
 
 UNARY_FNS = {
-    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "tanh": torch.tanh, "erf": torch.erf, "sin": torch.sin,
-    "cos": torch.cos, "sigmoid": torch.sigmoid, "abs": torch.abs,
+    "neg": torch.neg,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "tanh": torch.tanh,
+    "erf": torch.erf,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "sigmoid": torch.sigmoid,
+    "abs": torch.abs,
 }
 BINARY_FNS = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum,
-    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq,
-    "ne": torch.ne, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
 }
 
 EMITTERS = {
     "const": lambda a, d: torch.as_tensor(a["value"]).to(TORCH_DTYPES[a["dtype"]]),
-    "iota": lambda a, d: torch.arange(_ev(a["start"], d), _ev(a["start"], d)
-                                      + _ev(a["length"], d), dtype=TORCH_DTYPES[a["dtype"]]),
+    "iota": lambda a, d: torch.arange(
+        _ev(a["start"], d), _ev(a["start"], d) + _ev(a["length"], d), dtype=TORCH_DTYPES[a["dtype"]]
+    ),
     "cast": lambda a, d, x: x.to(TORCH_DTYPES[a["dtype"]]),
     "where": lambda a, d, c, x, y: torch.where(c, x, y),
     "reduce_sum": lambda a, d, x: x.sum(a["axis"], keepdim=a.get("keepdims", True)),

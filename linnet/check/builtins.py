@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from linnet.check.dims import Poly
+from linnet.ir.ops import norm_axis
 from linnet.ir.types import OpTypeError
 
 
@@ -37,8 +38,13 @@ def builtin(name: str, *signature: tuple, doc: str = ""):
     return register
 
 
-@builtin("linear", ("x", "tensor"), ("w", "tensor"), ("b", "tensor?", None),
-         doc="x @ w^T + b with w stored [out, in]")
+@builtin(
+    "linear",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor?", None),
+    doc="x @ w^T + b with w stored [out, in]",
+)
 def _linear(cx, x, w, b):
     return cx.add("linear", [x, w] + ([b] if b is not None else []))
 
@@ -65,21 +71,21 @@ def _gelu(cx, x, approx):
     return cx.add("gelu", [x], approx=approx)
 
 
-@builtin("softmax", ("x", "tensor"), ("axis", "int", -1))
+@builtin("softmax", ("x", "tensor"), ("axis", "int", Poly.const(-1)))
 def _softmax(cx, x, axis):
-    return cx.add("softmax", [x], axis=_const_axis(axis))
+    return cx.add("softmax", [x], axis=norm_axis(_const_axis(axis), x.type.rank))
 
 
-@builtin("split_heads", ("x", "tensor"), ("n", "int"),
-         doc="[B, S, n * d] -> [B, n, S, d]")
+@builtin("split_heads", ("x", "tensor"), ("n", "int"), doc="[B, S, n * d] -> [B, n, S, d]")
 def _split_heads(cx, x, n):
     if x.type.rank != 3:
         raise OpTypeError("split_heads needs [B, S, features]", "rank 3", str(x.type))
     b, s, f = x.type.shape
     d = f.exact_div(n)
     if d is None:
-        raise OpTypeError("split_heads: features are not a multiple of the heads",
-                          f"a multiple of {n}", str(f))
+        raise OpTypeError(
+            "split_heads: features are not a multiple of the heads", f"a multiple of {n}", str(f)
+        )
     x = cx.add("reshape", [x], shape=(b, s, n, d))
     return cx.add("transpose", [x], perm=(0, 2, 1, 3))
 
@@ -93,27 +99,59 @@ def _merge_heads(cx, x):
     return cx.add("reshape", [x], shape=(b, s, h * d))
 
 
-@builtin("rope", ("x", "tensor"), ("at", "int"), ("theta", "float"),
-         ("scaling", "str", "default"), ("factor", "float", 1.0), ("low_freq", "float", 1.0),
-         ("high_freq", "float", 4.0), ("original_max", "int", Poly.const(8192)),
-         ("positions", "int"),
-         doc="rotary embedding (half rotation), tables built in f32 for `positions` rows")
+@builtin(
+    "rope",
+    ("x", "tensor"),
+    ("at", "int"),
+    ("theta", "float"),
+    ("scaling", "str", "default"),
+    ("factor", "float", 1.0),
+    ("low_freq", "float", 1.0),
+    ("high_freq", "float", 4.0),
+    ("original_max", "int", Poly.const(8192)),
+    ("positions", "int"),
+    doc="rotary embedding (half rotation), tables built in f32 for `positions` rows",
+)
 def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, positions):
+    if x.type.rank != 4:
+        raise OpTypeError("rope needs [B, H, S, D]", "rank 4", str(x.type))
     if scaling not in (None, "default", "llama3"):
         raise OpTypeError("unsupported rope scaling", '"default" or "llama3"', repr(scaling))
     cx.require_le(at + x.type.shape[2], positions, "rope positions past the table")
-    return cx.add("rope", [x], offset=at, theta=theta, scaling=scaling, factor=factor,
-                  low_freq=low_freq, high_freq=high_freq,
-                  original_max=_maybe_int(original_max), positions=_maybe_int(positions))
+    return cx.add(
+        "rope",
+        [x],
+        offset=at,
+        theta=theta,
+        scaling=scaling,
+        factor=factor,
+        low_freq=low_freq,
+        high_freq=high_freq,
+        original_max=_maybe_int(original_max),
+        positions=_maybe_int(positions),
+    )
 
 
-@builtin("attention", ("q", "tensor"), ("k", "tensor"), ("v", "tensor"),
-         ("causal", "bool", True), ("q_offset", "int", Poly.const(0)),
-         ("window", "int", Poly.const(0)), ("scale", "float", None),
-         doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none")
+@builtin(
+    "attention",
+    ("q", "tensor"),
+    ("k", "tensor"),
+    ("v", "tensor"),
+    ("causal", "bool", True),
+    ("q_offset", "int", Poly.const(0)),
+    ("window", "int", Poly.const(0)),
+    ("scale", "float", None),
+    doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none",
+)
 def _attention(cx, q, k, v, causal, q_offset, window, scale):
-    return cx.add("attention", [q, k, v], causal=causal, q_offset=q_offset,
-                  window=_maybe_int(window), scale=scale)
+    return cx.add(
+        "attention",
+        [q, k, v],
+        causal=causal,
+        q_offset=q_offset,
+        window=_maybe_int(window),
+        scale=scale,
+    )
 
 
 def _cast(dtype: str):

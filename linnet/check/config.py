@@ -14,8 +14,10 @@ def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
     overrides = dict(overrides or {})
     unknown = set(overrides) - {f.name for f in module.fields}
     if unknown:
-        raise ConfigError(f"{module.path}: unknown config field(s) {sorted(unknown)}; "
-                          f"the source declares {[f.name for f in module.fields]}")
+        raise ConfigError(
+            f"{module.path}: unknown config field(s) {sorted(unknown)}; "
+            f"the source declares {[f.name for f in module.fields]}"
+        )
     env: dict = {}
     for f in module.fields:
         if f.name in overrides:
@@ -23,10 +25,16 @@ def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
         elif f.default is not None:
             env[f.name] = _coerce(module, f, _eval(module, f.default, env))
         else:
-            raise ConfigError(f"{module.path}:{f.span.line}: config field `{f.name}` has no "
-                              "default and no value was given")
+            raise ConfigError(
+                f"{module.path}:{f.span.line}: config field `{f.name}` has no "
+                "default and no value was given"
+            )
     for r in module.constraints:
-        if _eval(module, r.cond, env) is not True:
+        try:
+            holds = _eval(module, r.cond, env) is True
+        except ConfigError:
+            holds = False
+        if not holds:
             names = sorted(_names(r.cond) & set(env))
             values = ", ".join(f"{n} = {env[n]!r}" for n in names)
             text = module.lines[r.span.line - 1].strip()
@@ -41,8 +49,9 @@ def _coerce(module: A.Module, f: A.Field, value):
     if kind != "bool" and (isinstance(value, bool) or not isinstance(value, PY_TYPES[kind])):
         raise ConfigError(f"{module.path}: config `{f.name}` must be {kind}, got {value!r}")
     if kind == "dtype" and value not in DTYPES:
-        raise ConfigError(f"{module.path}: config `{f.name}` must be one of {DTYPES}, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{module.path}: config `{f.name}` must be one of {DTYPES}, got {value!r}"
+        )
     if kind == "int" and value < 0:
         raise ConfigError(f"{module.path}: config `{f.name}` must not be negative, got {value}")
     return float(value) if kind == "float" else value
@@ -56,23 +65,40 @@ def _eval(module: A.Module, e: A.Expr, env: dict):
             return env[e.id]
         if e.id in DTYPES:
             return e.id
-        raise ConfigError(f"{module.path}:{e.span.line}: `{e.id}` is not a config field "
-                          "declared above this one")
+        raise ConfigError(
+            f"{module.path}:{e.span.line}: `{e.id}` is not a config field declared above this one"
+        )
     if isinstance(e, A.Unary):
         v = _eval(module, e.operand, env)
         return (not v) if e.op == "not" else -v
     if isinstance(e, A.BinOp):
         a, b = _eval(module, e.left, env), _eval(module, e.right, env)
+        if e.op in ("/", "//", "%") and b == 0:
+            raise ConfigError(
+                f"{module.path}:{e.span.line}: division by zero in "
+                f"`{module.lines[e.span.line - 1].strip()}`"
+            )
         if e.op == "/" and isinstance(a, int) and isinstance(b, int):
             if b == 0 or a % b:
-                raise ConfigError(f"{module.path}:{e.span.line}: {a} / {b} is not exact "
-                                  f"(`{module.lines[e.span.line - 1].strip()}`)")
+                raise ConfigError(
+                    f"{module.path}:{e.span.line}: {a} / {b} is not exact "
+                    f"(`{module.lines[e.span.line - 1].strip()}`)"
+                )
             return a // b
         return {
-            "+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
-            "//": lambda: a // b, "%": lambda: a % b, "==": lambda: a == b,
-            "!=": lambda: a != b, "<": lambda: a < b, "<=": lambda: a <= b,
-            ">": lambda: a > b, ">=": lambda: a >= b, "and": lambda: a and b,
+            "+": lambda: a + b,
+            "-": lambda: a - b,
+            "*": lambda: a * b,
+            "/": lambda: a / b,
+            "//": lambda: a // b,
+            "%": lambda: a % b,
+            "==": lambda: a == b,
+            "!=": lambda: a != b,
+            "<": lambda: a < b,
+            "<=": lambda: a <= b,
+            ">": lambda: a > b,
+            ">=": lambda: a >= b,
+            "and": lambda: a and b,
             "or": lambda: a or b,
         }[e.op]()
     raise ConfigError(f"{module.path}:{e.span.line}: unsupported expression in config")

@@ -1,12 +1,12 @@
 """Diagnostics: where, what, expected versus received, the dim table, a hint.
 
-    zoo/llama.linnet:52:7: error: shape mismatch in `linear`
-       52 |   q = linear(h, p.wk)
-          |       ^^^^^^^^^^^^^^^
-      expected: act[B, S, dim] @ act[N, dim]^T
-      received: ...
-      dims: B, S, P symbolic; dim = 4096, n_heads = 32
-      hint: ...
+zoo/llama.linnet:52:7: error: shape mismatch in `linear`
+   52 |   q = linear(h, p.wk)
+      |       ^^^^^^^^^^^^^^^
+  expected: act[B, S, dim] @ act[N, dim]^T
+  received: ...
+  dims: B, S, P symbolic; dim = 4096, n_heads = 32
+  hint: ...
 """
 
 from __future__ import annotations

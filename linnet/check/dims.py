@@ -68,7 +68,7 @@ class Poly:
         other = Poly.lift(other)
         if len(other.terms) != 1:
             return self if other == self and self.terms else None
-        (dm, dc), = other.terms
+        ((dm, dc),) = other.terms
         out: dict[Monomial, int] = {}
         for m, c in self.terms:
             rest = list(m)

@@ -14,7 +14,17 @@ from linnet.check import statements
 from linnet.check.diagnostics import Diagnostic, DiagnosticError
 from linnet.check.dims import Poly
 from linnet.check.values import (
-    BlockInfo, BlockVal, BVal, DtypeVal, DVal, Frame, FVal, NoneVal, StateVal, SVal, describe,
+    BlockInfo,
+    BlockVal,
+    BVal,
+    DtypeVal,
+    DVal,
+    Frame,
+    FVal,
+    NoneVal,
+    StateVal,
+    SVal,
+    describe,
 )
 from linnet.errors import ConfigError
 from linnet.ir.graph import Graph, GraphBuilder, TypeBuilder
@@ -22,6 +32,7 @@ from linnet.ir.types import DTYPES, TensorType
 from linnet.syntax import ast as A
 
 SCALAR_TYPES = ("int", "float", "bool", "str", "dtype")
+KIND_NAMES = {BVal: "bool", DVal: "int", FVal: "float", SVal: "str", DtypeVal: "dtype"}
 
 
 class Elaborator(statements.Statements):
@@ -42,19 +53,35 @@ class Elaborator(statements.Statements):
         self._declare_globals()
 
     # -- errors ---------------------------------------------------------------------
-    def error(self, span: A.Span, message: str, expected=None, received=None, hint=None,
-              frame: Frame | None = None):
+    def error(
+        self,
+        span: A.Span,
+        message: str,
+        expected=None,
+        received=None,
+        hint=None,
+        frame: Frame | None = None,
+    ):
         dims = {}
         if frame is not None:
             dims = {k: str(v) for k, v in frame.dims.items() if str(v) != k}
             symbolic = [k for k, v in frame.dims.items() if str(v) == k]
             if symbolic:
                 dims = {", ".join(symbolic): "symbolic", **dims}
-        raise DiagnosticError(Diagnostic(
-            self.module.path, span.line, span.col, span.end_col, message,
-            None if expected is None else str(expected),
-            None if received is None else str(received), hint,
-            self.module.lines[span.line - 1], dims))
+        raise DiagnosticError(
+            Diagnostic(
+                self.module.path,
+                span.line,
+                span.col,
+                span.end_col,
+                message,
+                None if expected is None else str(expected),
+                None if received is None else str(received),
+                hint,
+                self.module.lines[span.line - 1],
+                dims,
+            )
+        )
 
     # -- module-level names ----------------------------------------------------------
     def _declare_globals(self) -> None:
@@ -63,8 +90,12 @@ class Elaborator(statements.Statements):
             if f.name in g:
                 self.error(f.span, f"config field `{f.name}` is declared twice")
             if f.type.name not in SCALAR_TYPES or f.type.dims is not None:
-                self.error(f.type.span, f"config field `{f.name}` has an unsupported type",
-                           "int, float, bool, str or dtype", f.type.name)
+                self.error(
+                    f.type.span,
+                    f"config field `{f.name}` has an unsupported type",
+                    "int, float, bool, str or dtype",
+                    f.type.name,
+                )
             g[f.name] = self._config_value(f)
         frame = Frame(None)
         for d in self.module.dims:
@@ -76,18 +107,38 @@ class Elaborator(statements.Statements):
             else:
                 g[d.name] = DVal(self.dim_expr(d.value, frame, "a static dim"))
         self._mark_input_dims()
-        self.param_tree = self._declare_params(self.module.params, "", frame)
+        self.param_tree = self._declare_params(self.module.params, "", frame, top=True)
         for s in self.module.states:
+            if s.name in g:
+                self.error(s.span, f"`{s.name}` is already declared")
             g[s.name] = StateVal(s.name, self.tensor_type(s.type, frame))
+        seen: dict[str, A.FnDef] = {}
+        for fn in self.module.fns:
+            if fn.name in seen:
+                self.error(
+                    fn.span, f"`{fn.name}` is already declared (on line {seen[fn.name].span.line})"
+                )
+            if fn.name in g:
+                self.error(fn.span, f"`{fn.name}` is already declared above")
+            seen[fn.name] = fn
 
     def _config_value(self, f: A.Field):
         if self.lowering:
             value = self.config[f.name]
-            return {"int": lambda: DVal(Poly.const(value)), "float": lambda: FVal(value),
-                    "bool": lambda: BVal(value), "str": lambda: SVal(value),
-                    "dtype": lambda: DtypeVal(value)}[f.type.name]()
-        return {"int": DVal(Poly.atom(f.name)), "float": FVal(None), "bool": BVal(None),
-                "str": SVal(None), "dtype": DtypeVal(f.name)}[f.type.name]
+            return {
+                "int": lambda: DVal(Poly.const(value)),
+                "float": lambda: FVal(value),
+                "bool": lambda: BVal(value),
+                "str": lambda: SVal(value),
+                "dtype": lambda: DtypeVal(value),
+            }[f.type.name]()
+        return {
+            "int": DVal(Poly.atom(f.name)),
+            "float": FVal(None),
+            "bool": BVal(None),
+            "str": SVal(None),
+            "dtype": DtypeVal(f.name),
+        }[f.type.name]
 
     def _mark_input_dims(self) -> None:
         """Dims that size an entry's input tensor are at least 1; others at least 0."""
@@ -97,10 +148,10 @@ class Elaborator(statements.Statements):
                     if isinstance(d, A.Name) and d.id in self.minimums:
                         self.minimums[d.id] = 1
 
-    def _declare_params(self, decls, prefix: str, frame: Frame) -> dict:
+    def _declare_params(self, decls, prefix: str, frame: Frame, top: bool = False) -> dict:
         tree: dict = {}
         for d in decls:
-            if d.name in tree or (not prefix and d.name in self.globals):
+            if d.name in tree or (top and d.name in self.globals):
                 self.error(d.span, f"`{d.name}` is already declared")
             if isinstance(d, A.ParamBlock):
                 count = self.dim_expr(d.count, frame, "a block count")
@@ -114,19 +165,26 @@ class Elaborator(statements.Statements):
                     self.expect_kind(self.expr(d.cond, frame), BVal, d.cond, "a condition")
                 if d.alias is not None:
                     self._check_alias(d, tree, frame)
-            if not prefix:
-                self.globals[d.name] = BlockVal(tree[d.name]) if isinstance(
-                    d, A.ParamBlock) else ("param", d)
+            if top:
+                self.globals[d.name] = (
+                    BlockVal(tree[d.name]) if isinstance(d, A.ParamBlock) else ("param", d)
+                )
         return tree
 
     def _check_alias(self, d: A.ParamDecl, tree: dict, frame: Frame) -> None:
         target = tree.get(d.alias.id) if isinstance(d.alias, A.Name) else None
         if not isinstance(target, A.ParamDecl):
-            self.error(d.alias.span, "a param can only alias another param declared above it",
-                       frame=frame)
+            self.error(
+                d.alias.span, "a param can only alias another param declared above it", frame=frame
+            )
         if target.resolved != d.resolved:
-            self.error(d.alias.span, f"`{d.name}` aliases `{target.name}` of another type",
-                       d.resolved, target.resolved, frame=frame)
+            self.error(
+                d.alias.span,
+                f"`{d.name}` aliases `{target.name}` of another type",
+                d.resolved,
+                target.resolved,
+                frame=frame,
+            )
 
     # -- types -------------------------------------------------------------------------
     def dtype_name(self, name: str, span: A.Span, frame: Frame) -> str:
@@ -135,27 +193,37 @@ class Elaborator(statements.Statements):
         value = self.globals.get(name)
         if isinstance(value, DtypeVal):
             return value.name
-        self.error(span, f"unknown dtype `{name}`", "f32, f16, bf16, i64, i32, bool or a "
-                   "config field of type dtype", name, frame=frame)
+        self.error(
+            span,
+            f"unknown dtype `{name}`",
+            "f32, f16, bf16, i64, i32, bool or a config field of type dtype",
+            name,
+            frame=frame,
+        )
 
     def tensor_type(self, t: A.TypeRef, frame: Frame) -> TensorType:
         if t.dims is None:
-            self.error(t.span, "expected a tensor type such as `act[B, S, dim]`",
-                       received=t.name, frame=frame)
+            self.error(
+                t.span,
+                "expected a tensor type such as `act[B, S, dim]`",
+                received=t.name,
+                frame=frame,
+            )
         dtype = self.dtype_name(t.name, t.span, frame)
         return TensorType(dtype, tuple(self.dim_expr(e, frame, "a dim") for e in t.dims))
 
     def dim_expr(self, e: A.Expr, frame: Frame, what: str) -> Poly:
         value = self.expr(e, frame)
         if not isinstance(value, DVal):
-            self.error(e.span, f"{what} must be an integer expression", "int",
-                       describe(value), frame=frame)
+            self.error(
+                e.span, f"{what} must be an integer expression", "int", describe(value), frame=frame
+            )
         return value.poly
 
     def expect_kind(self, value, kind, e: A.Expr, what: str, frame: Frame | None = None):
         if not isinstance(value, kind):
-            self.error(e.span, f"{what} must be {kind.__name__[:-3].lower()}",
-                       kind.__name__[:-3].lower(), describe(value), frame=frame)
+            name = KIND_NAMES[kind]
+            self.error(e.span, f"{what} must be {name}", name, describe(value), frame=frame)
         return value
 
     # -- checking the whole module ------------------------------------------------------
@@ -164,30 +232,47 @@ class Elaborator(statements.Statements):
             if f.default is not None:
                 self._guard(lambda f=f: self._check_default(f))
         for r in self.module.constraints:
-            self._guard(lambda r=r: self.expect_kind(
-                self.expr(r.cond, Frame(None)), BVal, r.cond, "a constraint"))
+            self._guard(
+                lambda r=r: self.expect_kind(
+                    self.expr(r.cond, Frame(None)), BVal, r.cond, "a constraint"
+                )
+            )
         for fn in self.module.fns:
             self._guard(lambda fn=fn: self.check_fn(fn))
         if not any(f.kind == "entry" for f in self.module.fns):
-            self.diagnostics.append(Diagnostic(self.module.path, 1, 1, 6,
-                                               "the source declares no entry point",
-                                               source_line=self.module.lines[0],
-                                               hint="add `entry forward(...) -> ...`"))
+            self.diagnostics.append(
+                Diagnostic(
+                    self.module.path,
+                    1,
+                    1,
+                    6,
+                    "the source declares no entry point",
+                    source_line=self.module.lines[0],
+                    hint="add `entry forward(...) -> ...`",
+                )
+            )
         return self.diagnostics
 
     def _guard(self, thunk) -> None:
         try:
             thunk()
         except DiagnosticError as err:
-            self.diagnostics.append(err.diagnostic)
+            d = err.diagnostic
+            if all(
+                (x.line, x.col, x.message) != (d.line, d.col, d.message) for x in self.diagnostics
+            ):
+                self.diagnostics.append(d)
 
     def _check_default(self, f: A.Field) -> None:
         value = self.expr(f.default, Frame(None))
-        kinds = {"int": DVal, "float": (FVal, DVal), "bool": BVal, "str": SVal,
-                 "dtype": DtypeVal}
+        kinds = {"int": DVal, "float": (FVal, DVal), "bool": BVal, "str": SVal, "dtype": DtypeVal}
         if not isinstance(value, kinds[f.type.name]):
-            self.error(f.default.span, f"default of `{f.name}` has the wrong type",
-                       f.type.name, describe(value))
+            self.error(
+                f.default.span,
+                f"default of `{f.name}` has the wrong type",
+                f.type.name,
+                describe(value),
+            )
 
     # -- lowering -------------------------------------------------------------------------
     def lower_entry(self, name: str) -> Graph:

@@ -10,8 +10,18 @@ import numpy as np
 
 from linnet.check.dims import Poly
 from linnet.check.values import (
-    BlockVal, BVal, DtypeVal, DVal, FVal, GroupVal, NoneVal, StateVal, StateView, SVal,
-    TVal, describe,
+    BlockVal,
+    BVal,
+    DtypeVal,
+    DVal,
+    FVal,
+    GroupVal,
+    NoneVal,
+    StateVal,
+    StateView,
+    SVal,
+    TVal,
+    describe,
 )
 from linnet.ir.types import DTYPES, OpTypeError, TensorType, is_float
 from linnet.syntax import ast as A
@@ -29,8 +39,9 @@ class Expressions:
         try:
             out = self.builder.add(op, [t.v for t in inputs], where=self._where, **attrs)
         except OpTypeError as err:
-            self.error(self._span, err.message, err.expected, err.received, err.hint,
-                       frame=self._frame)
+            self.error(
+                self._span, err.message, err.expected, err.received, err.hint, frame=self._frame
+            )
         return None if out is None else self.tval(out)
 
     def scalar(self, value: float, dtype: str) -> TVal:
@@ -49,14 +60,23 @@ class Expressions:
             return DtypeVal(e.id)
         if value is None and e.id in frame.split_vars:
             line, a, b = frame.split_vars[e.id]
-            self.error(e.span, f"`{e.id}` has a different type in each branch of the `if` "
-                       f"on line {line}", a, b, "compute what needs it inside each branch",
-                       frame=frame)
+            self.error(
+                e.span,
+                f"`{e.id}` has a different type in each branch of the `if` on line {line}",
+                a,
+                b,
+                "compute what needs it inside each branch",
+                frame=frame,
+            )
         if value is None:
             known = sorted(set(frame.vars) | set(self.globals))
             close = [k for k in known if k.lower().startswith(e.id[:2].lower())][:4]
-            self.error(e.span, f"unknown name `{e.id}`",
-                       hint=f"did you mean {', '.join(close)}?" if close else None, frame=frame)
+            self.error(
+                e.span,
+                f"unknown name `{e.id}`",
+                hint=f"did you mean {', '.join(close)}?" if close else None,
+                frame=frame,
+            )
         if isinstance(value, tuple) and value[0] == "param":
             return self.param_value(value[1], value[1].name, frame)
         if isinstance(value, StateVal):
@@ -148,28 +168,47 @@ class Expressions:
             a, b = _float(left), _float(right)
             known = a is not None and b is not None
             return FVal(_apply(e.op, a, b) if known else None)
-        self.error(e.span, f"`{e.op}` does not apply to these operands", None,
-                   f"{describe(left)} {e.op} {describe(right)}", frame=frame)
+        self.error(
+            e.span,
+            f"`{e.op}` does not apply to these operands",
+            None,
+            f"{describe(left)} {e.op} {describe(right)}",
+            frame=frame,
+        )
 
     def dim_arith(self, e: A.BinOp, a: Poly, b: Poly, frame) -> DVal:
         if e.op == "/":
             q = a.exact_div(b)
             if q is None and a.is_const and b.is_const:
-                self.error(e.span, "division of integers is not exact", f"{b} divides {a}",
-                           f"{a} / {b}", "use // to round down", frame=frame)
+                self.error(
+                    e.span,
+                    "division of integers is not exact",
+                    f"{b} divides {a}",
+                    f"{a} / {b}",
+                    "use // to round down",
+                    frame=frame,
+                )
             return DVal(q if q is not None else a.floordiv(b))
-        ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
-               "//": lambda: a.floordiv(b), "%": lambda: a.mod(b)}
+        ops = {
+            "+": lambda: a + b,
+            "-": lambda: a - b,
+            "*": lambda: a * b,
+            "//": lambda: a.floordiv(b),
+            "%": lambda: a.mod(b),
+        }
         if e.op not in ops:
             self.error(e.span, f"`{e.op}` does not apply to integers", frame=frame)
         return DVal(ops[e.op]())
 
     def compare(self, e: A.BinOp, left, right, frame) -> BVal:
-        if type(left) is not type(right) and not (
-            isinstance(left, (DVal, FVal)) and isinstance(right, (DVal, FVal))
+        comparable = (DVal, FVal, SVal, BVal)
+        if not (isinstance(left, comparable) and isinstance(right, comparable)) or (
+            type(left) is not type(right)
+            and not (isinstance(left, (DVal, FVal)) and isinstance(right, (DVal, FVal)))
         ):
-            self.error(e.span, f"cannot compare {describe(left)} with {describe(right)}",
-                       frame=frame)
+            self.error(
+                e.span, f"cannot compare {describe(left)} with {describe(right)}", frame=frame
+            )
         if isinstance(left, DVal) and isinstance(right, DVal):
             diff = left.poly - right.poly
             if not diff.is_const:
@@ -180,13 +219,15 @@ class Expressions:
             b = right.value if not isinstance(right, DVal) else _float(right)
             if a is None or b is None:
                 return BVal(None)
-        return BVal({"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b,
-                     ">": a > b, ">=": a >= b}[e.op])
+        return BVal(
+            {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]
+        )
 
     def tensor_binop(self, e: A.BinOp, left, right, frame) -> TVal:
         if e.op == "@":
-            return self.add("matmul", [self.tensor(left, e.left, frame),
-                                       self.tensor(right, e.right, frame)])
+            return self.add(
+                "matmul", [self.tensor(left, e.left, frame), self.tensor(right, e.right, frame)]
+            )
         op = ARITH.get(e.op) or COMPARE.get(e.op)
         if op is None:
             self.error(e.span, f"`{e.op}` does not apply to tensors", frame=frame)
@@ -198,13 +239,24 @@ class Expressions:
 
     def operand(self, v, dtype: str, e: A.Expr, frame) -> TVal:
         """A tensor operand; a number literal takes the other side's dtype."""
+        if isinstance(v, DVal) and v.poly.atoms() & set(self.symbolic_dims()):
+            self.error(
+                e.span,
+                f"the dim `{v.poly}` is only known at run time: it cannot be "
+                "a number in tensor arithmetic",
+                frame=frame,
+            )
         if isinstance(v, (DVal, FVal)):
             number = _float(v)
             if number is None and self.lowering:
                 self.error(e.span, "a number here must be known", frame=frame)
             if not is_float(dtype) and isinstance(v, FVal):
-                self.error(e.span, "a float number cannot join an integer tensor",
-                           hint="no implicit promotion", frame=frame)
+                self.error(
+                    e.span,
+                    "a float number cannot join an integer tensor",
+                    hint="no implicit promotion",
+                    frame=frame,
+                )
             return self.scalar(number or 0.0, dtype)
         return self.tensor(v, e, frame)
 
@@ -214,20 +266,34 @@ class Expressions:
         if not isinstance(v, TVal):
             self.error(e.span, "expected a tensor", "tensor", describe(v), frame=frame)
         if v.optional and not optional_ok:
-            self.error(e.span, "this param may be absent (it is declared with `if`)",
-                       "a tensor", describe(v),
-                       "use it inside an `if` on the same condition", frame=frame)
+            self.error(
+                e.span,
+                "this param may be absent (it is declared with `if`)",
+                "a tensor",
+                describe(v),
+                "use it inside an `if` on the same condition",
+                frame=frame,
+            )
         return v
 
     def attribute(self, e: A.Attr, frame):
         base = self.expr(e.value, frame)
         if not isinstance(base, GroupVal):
-            self.error(e.span, "only a param block has attributes", "one block, e.g. `p` in "
-                       "`for p in layers`", describe(base), frame=frame)
+            self.error(
+                e.span,
+                "only a param block has attributes",
+                "one block, e.g. `p` in `for p in layers`",
+                describe(base),
+                frame=frame,
+            )
         decl = base.block.members.get(e.name)
         if decl is None:
-            self.error(e.span, f"block `{base.block.name}` has no param `{e.name}`",
-                       hint="params: " + ", ".join(base.block.members), frame=frame)
+            self.error(
+                e.span,
+                f"block `{base.block.name}` has no param `{e.name}`",
+                hint="params: " + ", ".join(base.block.members),
+                frame=frame,
+            )
         if not isinstance(decl, A.ParamDecl):
             self.error(e.span, "nested blocks are not supported here", frame=frame)
         index = base.index.value if base.index.is_const else "{i}"
@@ -255,15 +321,18 @@ class Expressions:
     def index_items(self, items: list[A.Expr], t: TensorType, frame) -> list:
         """Each item as (start, stop, keep): a slice keeps its axis, an int drops it."""
         if len(items) > t.rank:
-            self.error(items[-1].span, "too many indices", f"at most {t.rank}", len(items),
-                       frame=frame)
+            self.error(
+                items[-1].span, "too many indices", f"at most {t.rank}", len(items), frame=frame
+            )
         out = []
         for item, size in zip(items, t.shape):
             if isinstance(item, A.Slice):
-                lo = Poly.const(0) if item.start is None else self.dim_expr(
-                    item.start, frame, "a slice bound")
-                hi = size if item.stop is None else self.dim_expr(item.stop, frame,
-                                                                  "a slice bound")
+                lo = (
+                    Poly.const(0)
+                    if item.start is None
+                    else self.dim_expr(item.start, frame, "a slice bound")
+                )
+                hi = size if item.stop is None else self.dim_expr(item.stop, frame, "a slice bound")
                 self.check_bounds(lo, hi, item.span, frame)
                 self.check_bounds(hi, size, item.span, frame)
                 out.append((lo, hi, True))
@@ -271,27 +340,35 @@ class Expressions:
                 i = self.dim_expr(item, frame, "an index")
                 self.check_bounds(i, size - 1, item.span, frame)
                 out.append((i, i + 1, False))
-        return out + [(Poly.const(0), d, True) for d in t.shape[len(items):]]
+        return out + [(Poly.const(0), d, True) for d in t.shape[len(items) :]]
 
     def check_bounds(self, lo: Poly, hi: Poly, span, frame) -> None:
         """Prove 0 <= lo <= hi, from minimums and the `require` facts in scope."""
         for needed, text in ((lo, f"0 <= {lo}"), (hi - lo, f"{lo} <= {hi}")):
             if not self.provable(needed, frame):
-                self.error(span, f"cannot prove the index is in bounds: {text}",
-                           hint=f"add `require {text}` before this line", frame=frame)
+                self.error(
+                    span,
+                    f"cannot prove the index is in bounds: {text}",
+                    hint=f"add `require {text}` before this line",
+                    frame=frame,
+                )
 
     def provable(self, p: Poly, frame) -> bool:
         mins = dict(self.minimums)
         return p.provably_nonneg(mins) or any(
-            (p - fact).provably_nonneg(mins) for fact in frame.facts)
+            (p - fact).provably_nonneg(mins) for fact in frame.facts
+        )
 
     def slice_tensor(self, x: TVal, items: list, frame) -> TVal:
-        full = all(lo == Poly.const(0) and hi == d and keep
-                   for (lo, hi, keep), d in zip(items, x.type.shape))
+        full = all(
+            lo == Poly.const(0) and hi == d and keep
+            for (lo, hi, keep), d in zip(items, x.type.shape)
+        )
         if full:
             return x
-        y = self.add("slice", [x], starts=tuple(i[0] for i in items),
-                     stops=tuple(i[1] for i in items))
+        y = self.add(
+            "slice", [x], starts=tuple(i[0] for i in items), stops=tuple(i[1] for i in items)
+        )
         if all(keep for _, _, keep in items):
             return y
         shape = tuple(d for d, (_, _, keep) in zip(y.type.shape, items) if keep)
@@ -302,7 +379,8 @@ class Expressions:
         items = self.index_items(e.items, view.type, frame)
         if all(not keep for _, _, keep in items[: len(e.items)]):
             prefix = view.prefix + [lo for lo, _, _ in items[: len(e.items)]]
-            return StateView(view.state, prefix, view.type.with_shape(view.type.shape[len(e.items):]))
+            rest = view.type.with_shape(view.type.shape[len(e.items) :])
+            return StateView(view.state, prefix, rest)
         return self.read_view(view, e.items, e, frame)
 
     def read_view(self, view: StateView, items, e, frame) -> TVal:

@@ -13,8 +13,19 @@ from linnet.check.builtins import BUILTINS, REQUIRED
 from linnet.check.dims import Poly
 from linnet.check.expressions import Expressions, _unparse
 from linnet.check.values import (
-    BlockInfo, BlockVal, BVal, DVal, Frame, FVal, GroupVal, NoneVal, StateVal, StateView, SVal,
-    TVal, describe,
+    BlockInfo,
+    BlockVal,
+    BVal,
+    DVal,
+    Frame,
+    FVal,
+    GroupVal,
+    NoneVal,
+    StateVal,
+    StateView,
+    SVal,
+    TVal,
+    describe,
 )
 from linnet.ir.types import OpTypeError, TensorType
 from linnet.syntax import ast as A
@@ -42,19 +53,25 @@ class Statements(Expressions):
         elif isinstance(s, A.For):
             self.do_for(s, frame)
         elif isinstance(s, A.Require):
+            self._span, self._frame = s.cond.span, frame
+            self._where = f"{self.module.path}:{s.span.line}:{s.span.col}"
             self.require(s.cond, s.span, frame)
 
     def assign(self, s: A.Assign, frame) -> None:
         value = self.expr(s.value, frame)
         values = value if isinstance(value, list) else [value]
         if len(s.targets) != len(values):
-            self.error(s.span, "wrong number of values to unpack", len(s.targets),
-                       len(values), frame=frame)
+            self.error(
+                s.span, "wrong number of values to unpack", len(s.targets), len(values), frame=frame
+            )
         for target, v in zip(s.targets, values):
             if target.id not in frame.vars and target.id in self.globals:
-                self.error(target.span, f"cannot assign to `{target.id}`: it is declared at "
-                           "the top of the source", hint="choose another local name",
-                           frame=frame)
+                self.error(
+                    target.span,
+                    f"cannot assign to `{target.id}`: it is declared at the top of the source",
+                    hint="choose another local name",
+                    frame=frame,
+                )
             if isinstance(v, TVal) and v.optional:
                 self.tensor(v, s.value, frame)
             frame.vars[target.id] = v
@@ -63,8 +80,13 @@ class Statements(Expressions):
         value = self.tensor(self.expr(s.value, frame), s.value, frame)
         declared = self.tensor_type(frame.fn.ret, frame)
         if value.type != declared:
-            self.error(s.value.span, f"`{frame.fn.name}` returns the wrong type", declared,
-                       value.type, frame=frame)
+            self.error(
+                s.value.span,
+                f"`{frame.fn.name}` returns the wrong type",
+                declared,
+                value.type,
+                frame=frame,
+            )
         frame.returned = value
 
     def do_if(self, s: A.If, frame) -> None:
@@ -90,6 +112,7 @@ class Statements(Expressions):
                 frame.split_vars[name] = (s.span.line, a.type, b.type)
             else:
                 frame.vars[name] = a
+        frame.calls_broken |= then.calls_broken or orelse.calls_broken
         frame.writes |= then.writes | orelse.writes
         frame.state_writes |= then.state_writes | orelse.state_writes
 
@@ -103,15 +126,33 @@ class Statements(Expressions):
             return True
         if isinstance(cond, TVal):
             return True if (self.lowering or not cond.optional) else None
-        self.error(e.span, "a condition must be a bool or an optional value", "bool",
-                   describe(cond), frame=frame)
+        self.error(
+            e.span,
+            "a condition must be a bool or an optional value",
+            "bool",
+            describe(cond),
+            frame=frame,
+        )
 
     def do_for(self, s: A.For, frame) -> None:
         blocks = self.expr(s.iter, frame)
         if not isinstance(blocks, BlockVal):
-            self.error(s.iter.span, "`for` runs over a param block", "a block such as "
-                       "`layers`", describe(blocks), frame=frame)
+            self.error(
+                s.iter.span,
+                "`for` runs over a param block",
+                "a block such as `layers`",
+                describe(blocks),
+                frame=frame,
+            )
         count = blocks.block.count
+        for stmt in s.body:
+            if isinstance(stmt, A.Return):
+                self.error(
+                    stmt.span,
+                    "`return` inside a `for` loop",
+                    hint="assign in the loop and return after it",
+                    frame=frame,
+                )
         if self.lowering:
             for i in range(count.value):
                 self.bind_loop(s, frame, blocks.block, Poly.const(i))
@@ -125,8 +166,13 @@ class Statements(Expressions):
         for name, old in before.items():
             new = frame.vars.get(name)
             if isinstance(old, TVal) and isinstance(new, TVal) and old.type != new.type:
-                self.error(s.span, f"the loop changes the type of `{name}`", old.type,
-                           new.type, frame=frame)
+                self.error(
+                    s.span,
+                    f"the loop changes the type of `{name}`",
+                    old.type,
+                    new.type,
+                    frame=frame,
+                )
 
     def bind_loop(self, s: A.For, frame, block: BlockInfo, index: Poly) -> None:
         frame.vars[s.item] = GroupVal(block, index)
@@ -156,8 +202,13 @@ class Statements(Expressions):
         if not (isinstance(a, DVal) and isinstance(b, DVal)):
             return None
         a, b = a.poly, b.poly
-        return {"<=": [(a, b)], "<": [(a + 1, b)], ">=": [(b, a)], ">": [(b + 1, a)],
-                "==": [(a, b), (b, a)]}[cond.op]
+        return {
+            "<=": [(a, b)],
+            "<": [(a + 1, b)],
+            ">=": [(b, a)],
+            ">": [(b + 1, a)],
+            "==": [(a, b), (b, a)],
+        }[cond.op]
 
     def require_le(self, lhs: Poly, rhs: Poly, message: str, frame=None) -> None:
         """Known from then on; a runtime guard where it cannot be proven."""
@@ -168,8 +219,7 @@ class Statements(Expressions):
             self.error(self._span, f"requirement fails: {lhs} <= {rhs}", frame=frame)
         frame.facts.append(rhs - lhs)
         if self.lowering:
-            self.builder.add("guard", [], where=self._where, lhs=lhs, rhs=rhs,
-                             message=message)
+            self.builder.add("guard", [], where=self._where, lhs=lhs, rhs=rhs, message=message)
 
     # -- state ------------------------------------------------------------------------------
     def write_state(self, s: A.IndexAssign, frame) -> None:
@@ -180,21 +230,33 @@ class Statements(Expressions):
             target = StateView(target.name, [], target.type)
         if isinstance(target, StateView):
             frame.state_writes.add(target.state)
-        elif isinstance(target, TVal) and frame.fn and any(
-            a.name == s.target.id for a in frame.fn.args
-        ) and not self.lowering:
+        elif (
+            isinstance(target, TVal)
+            and frame.fn
+            and any(a.name == s.target.id for a in frame.fn.args)
+            and not self.lowering
+        ):
             frame.writes.add(s.target.id)
             target = StateView("", [], target.type)
         else:
-            self.error(s.target.span, "only state can be written in place", "state, or an "
-                       "argument that receives a slice of state", describe(target),
-                       frame=frame)
+            self.error(
+                s.target.span,
+                "only state can be written in place",
+                "state, or an argument that receives a slice of state",
+                describe(target),
+                frame=frame,
+            )
         items = self.index_items(s.items, target.type, frame)
         value = self.tensor(self.expr(s.value, frame), s.value, frame)
         region = tuple(hi - lo for lo, hi, keep in items if keep)
         if value.type.shape != region or value.type.dtype != target.type.dtype:
-            self.error(s.value.span, "the value does not fit the state slice",
-                       TensorType(target.type.dtype, region), value.type, frame=frame)
+            self.error(
+                s.value.span,
+                "the value does not fit the state slice",
+                TensorType(target.type.dtype, region),
+                value.type,
+                frame=frame,
+            )
         if self.lowering:
             self.emit_state_write(target, items, value)
 
@@ -202,7 +264,8 @@ class Statements(Expressions):
         whole = self.state_value(view.state)
         starts = tuple(view.prefix) + tuple(lo for lo, _, _ in items)
         full_shape = tuple(Poly.const(1) for _ in view.prefix) + tuple(
-            hi - lo for lo, hi, _ in items)
+            hi - lo for lo, hi, _ in items
+        )
         update = self.add("reshape", [value], shape=full_shape)
         out = self.add("update_slice", [whole, update], starts=starts)
         self.state_values[view.state] = out.v
@@ -215,8 +278,12 @@ class Statements(Expressions):
         if spec is None:
             known = sorted(set(self.fns) | set(BUILTINS))
             close = [k for k in known if k[:3] == e.func[:3]]
-            self.error(e.span, f"unknown function `{e.func}`",
-                       hint=f"did you mean {', '.join(close)}?" if close else None, frame=frame)
+            self.error(
+                e.span,
+                f"unknown function `{e.func}`",
+                hint=f"did you mean {', '.join(close)}?" if close else None,
+                frame=frame,
+            )
         names = [n for n, _, _ in spec.signature]
         given = self.bind_args(e, names, frame)
         args = []
@@ -235,15 +302,25 @@ class Statements(Expressions):
 
     def bind_args(self, e: A.Call, names: list[str], frame) -> dict:
         if len(e.args) > len(names):
-            self.error(e.span, f"`{e.func}` takes {len(names)} arguments", len(names),
-                       len(e.args), frame=frame)
+            self.error(
+                e.span,
+                f"`{e.func}` takes {len(names)} arguments",
+                len(names),
+                len(e.args),
+                frame=frame,
+            )
         given = dict(zip(names, e.args))
         for key, value in e.kwargs.items():
+            span = e.kw_spans.get(key, value.span)
             if key not in names:
-                self.error(value.span, f"`{e.func}` has no argument `{key}`",
-                           hint="arguments: " + ", ".join(names), frame=frame)
+                self.error(
+                    span,
+                    f"`{e.func}` has no argument `{key}`",
+                    hint="arguments: " + ", ".join(names),
+                    frame=frame,
+                )
             if key in given:
-                self.error(value.span, f"argument `{key}` given twice", frame=frame)
+                self.error(span, f"argument `{key}` given twice", frame=frame)
             given[key] = value
         return given
 
@@ -254,17 +331,24 @@ class Statements(Expressions):
                 return None
             return self.tensor(value, arg, frame, optional_ok=kind == "tensor?")
         if not isinstance(value, SCALAR_KINDS[kind]):
-            self.error(arg.span, f"argument `{name}` of `{e.func}` must be {kind}", kind,
-                       describe(value), frame=frame)
+            self.error(
+                arg.span,
+                f"argument `{name}` of `{e.func}` must be {kind}",
+                kind,
+                describe(value),
+                frame=frame,
+            )
         if isinstance(value, DVal):
-            return value.poly if kind == "int" else (
-                float(value.poly.value) if value.poly.is_const else None)
+            return (
+                value.poly
+                if kind == "int"
+                else (float(value.poly.value) if value.poly.is_const else None)
+            )
         return value.value
 
     def call_fn(self, fn: A.FnDef, e: A.Call, frame):
         if fn.kind == "entry":
-            self.error(e.span, f"`{fn.name}` is an entry point and cannot be called",
-                       frame=frame)
+            self.error(e.span, f"`{fn.name}` is an entry point and cannot be called", frame=frame)
         given = self.bind_args(e, [a.name for a in fn.args], frame)
         callee = Frame(fn)
         callee.facts = list(frame.facts)
@@ -294,32 +378,62 @@ class Statements(Expressions):
             pattern = self.tensor_type(t, self.pattern_frame(fn))
             actual = value.type if isinstance(value, (TVal, StateView)) else None
             if actual is None:
-                self.error(expr.span, f"argument `{arg.name}` of `{fn.name}` must be a tensor",
-                           pattern, describe(value), frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` of `{fn.name}` must be a tensor",
+                    pattern,
+                    describe(value),
+                    frame=frame,
+                )
             if isinstance(value, TVal):
                 value = self.tensor(value, expr, frame)
             if not self.unify(pattern, actual, bind):
-                self.error(expr.span, f"argument `{arg.name}` of `{fn.name}` has the wrong "
-                           "type", pattern, actual, frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` of `{fn.name}` has the wrong type",
+                    pattern,
+                    actual,
+                    frame=frame,
+                )
             return value
         if t.name in SCALAR_KINDS:
             if not isinstance(value, SCALAR_KINDS[t.name]):
-                self.error(expr.span, f"argument `{arg.name}` must be {t.name}", t.name,
-                           describe(value), frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` must be {t.name}",
+                    t.name,
+                    describe(value),
+                    frame=frame,
+                )
             return value
         kind = self.globals.get(t.name)
         if isinstance(kind, BlockVal):
             if not (isinstance(value, GroupVal) and value.block is kind.block):
-                self.error(expr.span, f"argument `{arg.name}` must be one `{t.name}` block",
-                           t.name, describe(value), frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` must be one `{t.name}` block",
+                    t.name,
+                    describe(value),
+                    frame=frame,
+                )
             return value
         if t.name in self.symbolic_dims():
             if not isinstance(value, DVal):
-                self.error(expr.span, f"argument `{arg.name}` must be an int", "int",
-                           describe(value), frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` must be an int",
+                    "int",
+                    describe(value),
+                    frame=frame,
+                )
             if not self.unify_dim(Poly.atom(t.name), value.poly, bind):
-                self.error(expr.span, f"argument `{arg.name}` disagrees with dim {t.name}",
-                           bind.get(t.name), value.poly, frame=frame)
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` disagrees with dim {t.name}",
+                    bind.get(t.name),
+                    value.poly,
+                    frame=frame,
+                )
             return value
         self.error(t.span, f"unknown type `{t.name}`", frame=frame)
 
@@ -350,14 +464,18 @@ class Statements(Expressions):
         value = self.expr(expr, frame) if expr is not None else None
         if isinstance(value, StateView):
             frame.state_writes.add(value.state)
-        elif isinstance(expr, A.Name) and frame.fn and any(
-            a.name == expr.id for a in frame.fn.args
+        elif (
+            isinstance(expr, A.Name) and frame.fn and any(a.name == expr.id for a in frame.fn.args)
         ):
             frame.writes.add(expr.id)
         elif not isinstance(value, NoneVal):
-            self.error(expr.span if expr is not None else self._span,
-                       f"`{fn.name}` writes into `{written}`, so it needs a slice of state",
-                       "state such as `kv[i]`", describe(value), frame=frame)
+            self.error(
+                expr.span if expr is not None else self._span,
+                f"`{fn.name}` writes into `{written}`, so it needs a slice of state",
+                "state such as `kv[i]`",
+                describe(value),
+                frame=frame,
+            )
 
     # -- checking one function ----------------------------------------------------------------
     def check_fn(self, fn: A.FnDef) -> None:
@@ -388,27 +506,44 @@ class Statements(Expressions):
             tt = self.tensor_type(t, frame)
             return TVal(tt, tt, t.optional)
         if t.name in SCALAR_KINDS:
-            return {"int": DVal(Poly.atom(arg.name)), "float": FVal(None),
-                    "bool": BVal(None), "str": SVal(None)}[t.name]
+            return {
+                "int": DVal(Poly.atom(arg.name)),
+                "float": FVal(None),
+                "bool": BVal(None),
+                "str": SVal(None),
+            }[t.name]
         kind = self.globals.get(t.name)
         if isinstance(kind, BlockVal):
             return GroupVal(kind.block, Poly.atom("_i"))
         if t.name in self.symbolic_dims():
             return DVal(Poly.atom(t.name))
-        self.error(t.span, f"unknown type `{t.name}`", "a tensor type, int, float, bool, "
-                   "str, a dim or a param block", t.name, frame=frame)
+        self.error(
+            t.span,
+            f"unknown type `{t.name}`",
+            "a tensor type, int, float, bool, str, a dim or a param block",
+            t.name,
+            frame=frame,
+        )
 
     def check_updates(self, fn: A.FnDef, frame) -> None:
         for name in fn.updates:
             if not isinstance(self.globals.get(name), StateVal):
-                self.error(fn.span, f"`{fn.name}` updates `{name}`, which is not declared "
-                           "state", frame=frame)
+                self.error(
+                    fn.span,
+                    f"`{fn.name}` updates `{name}`, which is not declared state",
+                    frame=frame,
+                )
         for name in frame.state_writes - set(fn.updates):
-            self.error(fn.span, f"`{fn.name}` writes state `{name}` without declaring it",
-                       hint=f"add `updates {name}` before `->`", frame=frame)
+            self.error(
+                fn.span,
+                f"`{fn.name}` writes state `{name}` without declaring it",
+                hint=f"add `updates {name}` before `->`",
+                frame=frame,
+            )
         for name in set(fn.updates) - frame.state_writes:
-            self.error(fn.span, f"`{fn.name}` declares `updates {name}` but never writes it",
-                       frame=frame)
+            self.error(
+                fn.span, f"`{fn.name}` declares `updates {name}` but never writes it", frame=frame
+            )
 
 
 __all__ = ["Statements", "StateVal"]

@@ -75,8 +75,15 @@ def gelu(b, x, *, approx="none"):
     return b.add("mul", [half, b.add("add", [gate, _const(b, 1.0, dtype)])])
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: str, factor: float, low_freq: float,
-                  high_freq: float, original_max: int) -> np.ndarray:
+def rope_inv_freq(
+    head_dim: int,
+    theta: float,
+    scaling: str,
+    factor: float,
+    low_freq: float,
+    high_freq: float,
+    original_max: int,
+) -> np.ndarray:
     """Inverse frequencies in f32, as transformers computes them (llama3 included)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv = (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
@@ -99,14 +106,20 @@ def rope_tables(head_dim: int, positions: int, **spec) -> tuple[np.ndarray, np.n
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq,
-         original_max):
+def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq, original_max):
     t = b.type_of(x)
     bsz, heads, seq, dim = t.shape
     half = dim.value // 2
-    cos, sin = rope_tables(dim.value, positions, theta=theta, scaling=scaling or "default",
-                           factor=factor, low_freq=low_freq, high_freq=high_freq,
-                           original_max=original_max)
+    cos, sin = rope_tables(
+        dim.value,
+        positions,
+        theta=theta,
+        scaling=scaling or "default",
+        factor=factor,
+        low_freq=low_freq,
+        high_freq=high_freq,
+        original_max=original_max,
+    )
     rows = {}
     for name, table in (("cos", cos), ("sin", sin)):
         c = b.add("const", [], value=table, dtype=F32)
@@ -114,8 +127,9 @@ def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq
         rows[name] = b.add("cast", [c], dtype=t.dtype)  # (S, D/2) broadcasts over B, H
     zero = Poly.const(0)
     x1 = b.add("slice", [x], starts=(zero,) * 4, stops=(bsz, heads, seq, Poly.const(half)))
-    x2 = b.add("slice", [x], starts=(zero, zero, zero, Poly.const(half)),
-               stops=(bsz, heads, seq, dim))
+    x2 = b.add(
+        "slice", [x], starts=(zero, zero, zero, Poly.const(half)), stops=(bsz, heads, seq, dim)
+    )
     out1 = b.add("sub", [b.add("mul", [x1, rows["cos"]]), b.add("mul", [x2, rows["sin"]])])
     out2 = b.add("add", [b.add("mul", [x2, rows["cos"]]), b.add("mul", [x1, rows["sin"]])])
     return b.add("concat", [out1, out2], axis=-1)
@@ -136,10 +150,16 @@ def attention(b, q, k, v, *, causal=True, q_offset=0, window=0, scale=None):
     scores = b.add("mul", [scores, _const(b, scale, qt.dtype)])
     scores = b.add("cast", [scores], dtype=F32)
     if causal or window:
-        qpos = b.add("reshape", [b.add("iota", [], length=seq, start=Poly.lift(q_offset),
-                                        dtype="i64")], shape=(seq, one))
-        kpos = b.add("reshape", [b.add("iota", [], length=keys, start=Poly.const(0),
-                                        dtype="i64")], shape=(one, keys))
+        qpos = b.add(
+            "reshape",
+            [b.add("iota", [], length=seq, start=Poly.lift(q_offset), dtype="i64")],
+            shape=(seq, one),
+        )
+        kpos = b.add(
+            "reshape",
+            [b.add("iota", [], length=keys, start=Poly.const(0), dtype="i64")],
+            shape=(one, keys),
+        )
         allowed = b.add("le", [kpos, qpos])
         if window:
             lo = b.add("sub", [qpos, b.add("const", [], value=np.asarray(window), dtype="i64")])
@@ -151,6 +171,12 @@ def attention(b, q, k, v, *, causal=True, q_offset=0, window=0, scale=None):
 
 
 DECOMPOSITIONS = {
-    "linear": linear, "rms_norm": rms_norm, "layer_norm": layer_norm, "softmax": softmax,
-    "silu": silu, "gelu": gelu, "rope": rope, "attention": attention,
+    "linear": linear,
+    "rms_norm": rms_norm,
+    "layer_norm": layer_norm,
+    "softmax": softmax,
+    "silu": silu,
+    "gelu": gelu,
+    "rope": rope,
+    "attention": attention,
 }

@@ -41,9 +41,12 @@ def op(name: str, kind: str = "primitive", doc: str = ""):
 def same_dtype(types: list[TensorType], what: str) -> str:
     dtypes = {t.dtype for t in types}
     if len(dtypes) > 1:
-        raise OpTypeError(f"dtype mismatch in {what}", "operands of one dtype",
-                          " and ".join(str(t) for t in types),
-                          "no implicit promotion: cast one side, e.g. f32(x)")
+        raise OpTypeError(
+            f"dtype mismatch in {what}",
+            "operands of one dtype",
+            " and ".join(str(t) for t in types),
+            "no implicit promotion: cast one side, e.g. f32(x)",
+        )
     return types[0].dtype
 
 
@@ -58,8 +61,11 @@ def broadcast(types: list[TensorType], what: str) -> tuple[Poly, ...]:
         dims = [t.shape[axis - rank + t.rank] for t in types if axis - rank + t.rank >= 0]
         wide = [d for d in dims if d != Poly.const(1)]
         if any(d != wide[0] for d in wide):
-            raise OpTypeError(f"shape mismatch in {what}", "shapes that broadcast",
-                              " and ".join(str(t) for t in types))
+            raise OpTypeError(
+                f"shape mismatch in {what}",
+                "shapes that broadcast",
+                " and ".join(str(t) for t in types),
+            )
         out.append(wide[0] if wide else Poly.const(1))
     return tuple(out)
 
@@ -144,11 +150,15 @@ def _matmul(ins, attrs):
     a, b = ins
     dtype = same_dtype(ins, "matmul")
     if a.rank < 2 or b.rank < 2:
-        raise OpTypeError("matmul needs operands of rank 2 or more", "[..., M, K] @ [..., K, N]",
-                          f"{a} @ {b}")
+        raise OpTypeError(
+            "matmul needs operands of rank 2 or more", "[..., M, K] @ [..., K, N]", f"{a} @ {b}"
+        )
     if a.shape[-1] != b.shape[-2]:
-        raise OpTypeError("shape mismatch in matmul: inner dims differ",
-                          f"[..., M, {a.shape[-1]}] @ [..., {a.shape[-1]}, N]", f"{a} @ {b}")
+        raise OpTypeError(
+            "shape mismatch in matmul: inner dims differ",
+            f"[..., M, {a.shape[-1]}] @ [..., {a.shape[-1]}, N]",
+            f"{a} @ {b}",
+        )
     batch = broadcast([a.with_shape(a.shape[:-2]), b.with_shape(b.shape[:-2])], "matmul batch")
     return TensorType(dtype, batch + (a.shape[-2], b.shape[-1]))
 
@@ -229,10 +239,14 @@ def _guard(ins, attrs):
 def _linear(ins, attrs):
     x, w = ins[0], ins[1]
     dtype = same_dtype(ins, "linear")
+    if x.rank < 1:
+        raise OpTypeError("linear needs an input with a feature axis", "[..., in]", str(x))
     if w.rank != 2 or x.shape[-1] != w.shape[1]:
-        raise OpTypeError("shape mismatch in linear: input features differ",
-                          f"x[..., {w.shape[1] if w.rank == 2 else 'in'}] with w[out, in]",
-                          f"x {x} and w {w}")
+        raise OpTypeError(
+            "shape mismatch in linear: input features differ",
+            f"x[..., {w.shape[1] if w.rank == 2 else 'in'}] with w[out, in]",
+            f"x {x} and w {w}",
+        )
     if len(ins) == 3 and (ins[2].rank != 1 or ins[2].shape[0] != w.shape[0]):
         raise OpTypeError("shape mismatch in linear: bias", f"[{w.shape[0]}]", str(ins[2]))
     return TensorType(dtype, x.shape[:-1] + (w.shape[0],))
@@ -241,11 +255,16 @@ def _linear(ins, attrs):
 def _norm(ins, attrs):
     x = ins[0]
     require_float(x, "a norm")
+    if x.rank < 1:
+        raise OpTypeError("a norm needs an input with a feature axis", "[..., features]", str(x))
     same_dtype(ins, "a norm")
     for p in ins[1:]:
         if p.rank != 1 or p.shape[0] != x.shape[-1]:
-            raise OpTypeError("shape mismatch in a norm: weight must match the last axis",
-                              f"[{x.shape[-1]}]", str(p))
+            raise OpTypeError(
+                "shape mismatch in a norm: weight must match the last axis",
+                f"[{x.shape[-1]}]",
+                str(p),
+            )
     return x
 
 
@@ -258,7 +277,12 @@ def _float_unary(ins, attrs):
     return ins[0]
 
 
-op("softmax", "library", "softmax along attrs['axis'], f32 inside")(_float_unary)
+@op("softmax", "library", "softmax along attrs['axis'], f32 inside")
+def _softmax(ins, attrs):
+    norm_axis(attrs.get("axis", -1), ins[0].rank)
+    return _float_unary(ins, attrs)
+
+
 op("silu", "library", "x * sigmoid(x)")(_float_unary)
 op("gelu", "library", "gelu, attrs['approx'] = 'none' (erf) or 'tanh'")(_float_unary)
 
@@ -285,10 +309,16 @@ def _attention(ins, attrs):
     if k.shape != v.shape:
         raise OpTypeError("shape mismatch in attention: k and v differ", str(k), str(v))
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise OpTypeError("shape mismatch in attention: batch or head dim of q and k differ",
-                          f"k like [{q.shape[0]}, H_kv, T, {q.shape[3]}]", str(k))
+        raise OpTypeError(
+            "shape mismatch in attention: batch or head dim of q and k differ",
+            f"k like [{q.shape[0]}, H_kv, T, {q.shape[3]}]",
+            str(k),
+        )
     hq, hk = q.shape[1], k.shape[1]
     if hq.is_const and hk.is_const and hq.value % hk.value:
-        raise OpTypeError("attention heads must be a multiple of kv heads", f"{hk} divides {hq}",
-                          f"{hq} heads, {hk} kv heads")
+        raise OpTypeError(
+            "attention heads must be a multiple of kv heads",
+            f"{hk} divides {hq}",
+            f"{hq} heads, {hk} kv heads",
+        )
     return TensorType(dtype, q.shape)

@@ -36,8 +36,10 @@ def decompose(graph: Graph) -> Graph:
         if OPS[node.op].kind == "library":
             result = DECOMPOSITIONS[node.op](b, *ins, **node.attrs)
             if result.type != node.output.type:
-                raise AssertionError(f"decomposition of {node.op} changed the type: "
-                                     f"{node.output.type} -> {result.type}")
+                raise AssertionError(
+                    f"decomposition of {node.op} changed the type: "
+                    f"{node.output.type} -> {result.type}"
+                )
         else:
             result = b.add(node.op, ins, where=node.where, **node.attrs)
         if node.output is not None:
@@ -56,8 +58,17 @@ def dedupe_guards(graph: Graph) -> Graph:
                 continue
             seen.add(key)
         nodes.append(node)
-    out = Graph(graph.name, graph.inputs, graph.dim_inputs, graph.params, graph.states, nodes,
-                graph.outputs, graph.state_outputs, graph._next_id)
+    out = Graph(
+        graph.name,
+        graph.inputs,
+        graph.dim_inputs,
+        graph.params,
+        graph.states,
+        nodes,
+        graph.outputs,
+        graph.state_outputs,
+        graph._next_id,
+    )
     return out
 
 

@@ -38,8 +38,13 @@ def is_float(dtype: str) -> bool:
 class OpTypeError(Exception):
     """An op's shape or dtype rule failed; the checker adds the source position."""
 
-    def __init__(self, message: str, expected: str | None = None,
-                 received: str | None = None, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        expected: str | None = None,
+        received: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.expected = expected

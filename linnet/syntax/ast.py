@@ -56,6 +56,7 @@ class Call(Expr):
     func: str
     args: list[Expr]
     kwargs: dict[str, Expr]
+    kw_spans: dict[str, Span] = field(default_factory=dict)  # where each keyword is written
 
 
 @dataclass

@@ -12,8 +12,25 @@ from dataclasses import dataclass
 from linnet.check.diagnostics import Diagnostic, DiagnosticError
 
 KEYWORDS = {
-    "model", "config", "params", "state", "fn", "entry", "updates", "require",
-    "return", "if", "else", "for", "in", "and", "or", "not", "true", "false", "none",
+    "model",
+    "config",
+    "params",
+    "state",
+    "fn",
+    "entry",
+    "updates",
+    "require",
+    "return",
+    "if",
+    "else",
+    "for",
+    "in",
+    "and",
+    "or",
+    "not",
+    "true",
+    "false",
+    "none",
 }
 
 TOKEN_RE = re.compile(
@@ -34,6 +51,7 @@ class Token:
     text: str
     line: int
     col: int  # 1-based
+    opener: Token | None = None  # innermost bracket still open at this token
 
     @property
     def end_col(self) -> int:
@@ -41,10 +59,10 @@ class Token:
 
 
 def tokenize(text: str, path: str = "<source>") -> list[Token]:
-    lines = text.split("\n")
+    lines = text.replace("\r\n", "\n").split("\n")
     tokens: list[Token] = []
     indents = [0]
-    depth = 0  # bracket nesting: newlines inside brackets are ignored
+    openers: list[Token] = []  # open brackets: newlines inside them are ignored
 
     def fail(line: int, col: int, message: str, hint: str | None = None) -> None:
         raise DiagnosticError(
@@ -55,11 +73,15 @@ def tokenize(text: str, path: str = "<source>") -> list[Token]:
         body = raw.split("#", 1)[0] if '"' not in raw else _strip_comment(raw)
         if not body.strip():
             continue
-        if depth == 0:
+        if not openers:
             stripped = body.lstrip(" ")
             if stripped.startswith("\t"):
-                fail(ln, len(body) - len(stripped) + 1, "tab in indentation",
-                     "indent with spaces only")
+                fail(
+                    ln,
+                    len(body) - len(stripped) + 1,
+                    "tab in indentation",
+                    "indent with spaces only",
+                )
             width = len(body) - len(stripped)
             if width > indents[-1]:
                 indents.append(width)
@@ -81,19 +103,22 @@ def tokenize(text: str, path: str = "<source>") -> list[Token]:
             word = m.group()
             if kind == "name" and word in KEYWORDS:
                 kind = "keyword"
-            if word in "([{":
-                depth += 1
-            elif word in ")]}":
-                depth = max(depth - 1, 0)
-            tokens.append(Token(kind, word, ln, col + 1))
+            opener = openers[-1] if openers else None
+            tok = Token(kind, word, ln, col + 1, opener if word not in ")]}" else None)
+            if kind == "op" and word in "([{":
+                openers.append(tok)
+            elif kind == "op" and word in ")]}" and openers:
+                openers.pop()
+            tokens.append(tok)
             col = m.end()
-        if depth == 0:
+        if not openers:
             tokens.append(Token("newline", "", ln, len(body.rstrip()) + 1))
     last = len(lines)
+    unclosed = openers[-1] if openers else None
     while len(indents) > 1:
         indents.pop()
-        tokens.append(Token("dedent", "", last, 1))
-    tokens.append(Token("eof", "", last, 1))
+        tokens.append(Token("dedent", "", last, 1, unclosed))
+    tokens.append(Token("eof", "", last, 1, unclosed))
     return tokens
 
 

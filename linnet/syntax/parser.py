@@ -50,17 +50,49 @@ class Parser:
         self.i += 1
         return t
 
-    def fail(self, message: str, tok: Token | None = None, hint: str | None = None) -> None:
+    def fail(
+        self, message: str, tok: Token | None = None, hint: str | None = None, closing: bool = False
+    ) -> None:
         t = tok or self.tok
-        found = {"newline": "end of line", "indent": "an indented block",
-                 "dedent": "end of block", "eof": "end of file"}.get(t.kind, f"`{t.text}`")
-        raise DiagnosticError(Diagnostic(
-            self.path, t.line, t.col, t.end_col, message, received=found,
-            source_line=self.lines[t.line - 1], hint=hint))
+        prev = self.tokens[self.i - 1] if self.i else t
+        if closing and t.opener is not None and (t.line > prev.line or t.kind in ("eof", "dedent")):
+            o = t.opener  # a bracket left open swallowed the line break: blame the bracket
+            raise DiagnosticError(
+                Diagnostic(
+                    self.path,
+                    o.line,
+                    o.col,
+                    o.end_col,
+                    f"`{o.text}` is never closed",
+                    source_line=self.lines[o.line - 1],
+                    hint=f"close it before the end of line "
+                    f"{o.line}, or continue the expression on the next line",
+                )
+            )
+        found = {
+            "newline": "end of line",
+            "indent": "an indented block",
+            "dedent": "end of block",
+            "eof": "end of file",
+        }.get(t.kind, f"`{t.text}`")
+        raise DiagnosticError(
+            Diagnostic(
+                self.path,
+                t.line,
+                t.col,
+                t.end_col,
+                message,
+                received=found,
+                source_line=self.lines[t.line - 1],
+                hint=hint,
+            )
+        )
 
     def expect(self, text: str, what: str | None = None) -> Token:
         if not self.at(text):
-            self.fail(f"expected `{text}`" + (f" {what}" if what else ""))
+            self.fail(
+                f"expected `{text}`" + (f" {what}" if what else ""), closing=text in (")", "]", ",")
+            )
         return self.advance()
 
     def expect_kind(self, kind: str, what: str) -> Token:
@@ -269,8 +301,10 @@ class Parser:
             self.advance()
             targets.append(self.postfix())
         if not self.at("="):
-            self.fail("expected `=`: a statement is an assignment, `return`, `if`, `for` "
-                      "or `require`", hint="an expression on its own has no effect")
+            self.fail(
+                "expected `=`: a statement is an assignment, `return`, `if`, `for` or `require`",
+                hint="an expression on its own has no effect",
+            )
         self.advance()
         value = self.expr()
         if len(targets) > 1 and self.at(","):
@@ -285,10 +319,16 @@ class Parser:
             return A.IndexAssign(span, target.value, target.items, value)
         for t in targets:
             if not isinstance(t, A.Name):
-                raise DiagnosticError(Diagnostic(
-                    self.path, t.span.line, t.span.col, t.span.end_col,
-                    "can only assign to a name or to a slice of state",
-                    source_line=self.lines[t.span.line - 1]))
+                raise DiagnosticError(
+                    Diagnostic(
+                        self.path,
+                        t.span.line,
+                        t.span.col,
+                        t.span.end_col,
+                        "can only assign to a name or to a slice of state",
+                        source_line=self.lines[t.span.line - 1],
+                    )
+                )
         return A.Assign(span, targets, value)
 
     # -- expressions --------------------------------------------------------------
@@ -338,6 +378,7 @@ class Parser:
         self.advance()
         args: list[A.Expr] = []
         kwargs: dict[str, A.Expr] = {}
+        kw_spans: dict[str, A.Span] = {}
         while not self.at(")"):
             if self.tok.kind == "name" and self.tokens[self.i + 1].text == "=":
                 key = self.advance()
@@ -345,6 +386,7 @@ class Parser:
                 if key.text in kwargs:
                     self.fail(f"keyword argument `{key.text}` given twice", key)
                 kwargs[key.text] = self.expr()
+                kw_spans[key.text] = self.span(key)
             else:
                 if kwargs:
                     self.fail("positional argument after a keyword argument")
@@ -352,7 +394,9 @@ class Parser:
             if not self.at(")"):
                 self.expect(",", "between arguments")
         end = self.advance()
-        return A.Call(A.Span(func.span.line, func.span.col, end.end_col), func.id, args, kwargs)
+        return A.Call(
+            A.Span(func.span.line, func.span.col, end.end_col), func.id, args, kwargs, kw_spans
+        )
 
     def index_item(self) -> A.Expr:
         start = self.tok
@@ -396,7 +440,7 @@ def _join(a: A.Span, b: A.Span) -> A.Span:
 
 def parse(text: str, path: str = "<source>") -> A.Module:
     """Parse a source; raises DiagnosticError at the first syntax error."""
-    return Parser(text, path).module()
+    return Parser(text.replace("\r\n", "\n"), path).module()
 
 
 def parse_file(path: str | Path) -> A.Module:
