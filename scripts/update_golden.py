@@ -1,0 +1,38 @@
+"""Regenerate the print_graph snapshots under tests/golden/ (run after an intended change).
+
+python scripts/update_golden.py          # rewrite every snapshot
+python scripts/update_golden.py --check  # exit 1 if any snapshot is stale
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_ir_graphs import GOLDEN, golden_path, golden_text  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for variant, entry in GOLDEN:
+        path = golden_path(variant, entry)
+        text = golden_text(variant, entry)
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        stale.append(path)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    for path in stale:
+        print(f"{'stale' if check else 'wrote'} {path.relative_to(ROOT)}")
+    if not stale:
+        print("snapshots up to date")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
