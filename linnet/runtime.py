@@ -118,6 +118,11 @@ class TorchModel:
             ids = ids[None]
         if ids.dtype not in (torch.int64, torch.int32):
             raise LinnetError(f"token ids must be integers, got {ids.dtype}")
+        vocab = self.config.get("vocab")
+        if ids.numel() and vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise LinnetError(
+                f"token ids must lie in [0, {vocab}), got {int(ids.min())} to {int(ids.max())}"
+            )
         return ids.to(torch.int64).to(self.device)
 
     def _ensure_state(self, runner: Interpreter, batch: int, pos: int) -> None:
@@ -127,9 +132,10 @@ class TorchModel:
             have = self.state.get(name)
             if have is None or list(have.shape) != shape:
                 if pos != 0:
+                    why = "is empty" if have is None else "holds another batch"
                     raise LinnetError(
-                        f"decode at position {pos} with batch {batch}, but the "
-                        "cache holds another batch: call reset() and start at 0"
+                        f"decode at position {pos} with batch {batch}, but the cache {why}: "
+                        "call reset() and start at position 0"
                     )
                 self.state[name] = torch.zeros(
                     shape, dtype=TORCH_DTYPES[t.dtype], device=self.device

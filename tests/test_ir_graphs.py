@@ -263,7 +263,7 @@ def test_decode_past_max_positions_raises_a_guard_error(variant):
     line, _ = position_of(info.value, name)
     assert f"= {n + 1} > {n}" in msg, msg
     text = source_path(name).read_text(encoding="utf-8").splitlines()[line - 1]
-    assert "require" in text or "positions=N" in text, (line, text)
+    assert "require" in text or "rope(" in text, (line, text)
     for k, v in model.state.items():  # the guard runs before the cache is written
         assert torch.equal(v, cache[k]), f"a failed decode wrote the cache `{k}`"
     with pytest.raises(RuntimeGuardError):  # straddling the end fails too
@@ -283,14 +283,6 @@ def test_forward_longer_than_max_positions_raises_a_guard_error(variant):
     assert f"= {n + 1} > {n}" in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a guard's `where` is the position of the last subexpression the elaborator visited "
-        "(`_where` is set per expression and never restored), so `require at + S <= n_positions` "
-        "reports the column of `n_positions`, not of the require"
-    ),
-)
 def test_require_guard_points_at_the_requirement():
     graph = lower("gpt2", "forward")
     guard = next(n for n in graph.nodes if n.op == "guard")
@@ -300,13 +292,6 @@ def test_require_guard_points_at_the_requirement():
     assert col in (text.index("require") + 1, text.index("at + S") + 1), (guard.where, text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a token id >= vocab reaches torch indexing in the `take` emitter and escapes as a raw "
-        "IndexError, not a LinnetError (errors.py: a traceback means a bug in Linnet)"
-    ),
-)
 def test_token_id_past_the_vocab_is_a_linnet_error():
     torch = pytest.importorskip("torch")
     model = random_model(*VARIANTS["llama"])
@@ -314,13 +299,6 @@ def test_token_id_past_the_vocab_is_a_linnet_error():
         model.forward(torch.tensor([[1, 64]]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a negative token id is not rejected: the `take` emitter's table[idx] wraps it, so id -1 "
-        "silently embeds the last vocab row"
-    ),
-)
 def test_negative_token_id_is_a_linnet_error():
     torch = pytest.importorskip("torch")
     model = random_model(*VARIANTS["gpt2"])
@@ -345,14 +323,6 @@ entry step(x: f32[B, n]) updates s -> f32[B, n]
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the checker accepts reading state before writing it and returning the read, and the "
-        "lowering is functional (returns the pre-update value), but the interpreter's in-place "
-        "update_slice makes the read alias the written buffer: `old` comes back as the new data"
-    ),
-)
 def test_state_read_before_a_write_keeps_the_old_value():
     torch = pytest.importorskip("torch")
     from linnet.backends.interp import Interpreter

@@ -516,15 +516,7 @@ def test_attention_property(kv_heads, seq, past, window, causal, seed):
     assert_matches(got, want, "attention f32 property", atol=F32_ATOL)
 
 
-# -- known bugs (strict xfail: each flips to a failure once fixed) ------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "op rules do not check arity: linear with 4 operands, rms_norm without its weight, "
-        "layer_norm without its bias and a binary exp pass the rule and verify, then decompose "
-        "or the interpreter fail with a raw TypeError"
-    ),
-)
+# -- regressions: bugs this suite found, now fixed ------------------------------
 @pytest.mark.parametrize(
     "op, inputs, attrs",
     [
@@ -539,14 +531,6 @@ def test_op_rules_reject_a_wrong_number_of_operands(op, inputs, attrs):
         TypeBuilder().add(op, inputs, **attrs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "update_slice is functional in the IR, but the torch emitter writes the state in place and "
-        "`slice` returns a view, so a value read from the state before the write (even a plain "
-        "`slice`, or the state value itself) sees the written data"
-    ),
-)
 @pytest.mark.parametrize("read", ["state", "slice"])
 def test_update_slice_keeps_the_old_state_value(read):
     graph = Graph("step")

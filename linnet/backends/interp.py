@@ -27,13 +27,18 @@ class Interpreter:
         for name, v in graph.params.items():
             self.fixed[slot(v)] = params[name]
         self.steps = []
-        for node in graph.nodes:
+        inplace = inplace_updates(graph)
+        for index, node in enumerate(graph.nodes):
             ins = [slot(v) for v in node.inputs]
             out = None if node.output is None else slot(node.output)
             if node.op == "const":  # fold constants once
                 self.fixed[out] = EMITTERS["const"](node.attrs, {}).to(device)
                 continue
-            attrs = dict(node.attrs, where=node.where) if node.op == "guard" else node.attrs
+            attrs = node.attrs
+            if node.op == "guard":
+                attrs = dict(attrs, where=node.where)
+            elif node.op == "update_slice":
+                attrs = dict(attrs, inplace=index in inplace)
             self.steps.append((EMITTERS[node.op], ins, attrs, out))
         self.output_slots = [slots[v] for v in graph.outputs]
         self.state_out_slots = {k: slots[v] for k, v in graph.state_outputs.items()}
@@ -77,4 +82,50 @@ class Interpreter:
             result = emit(attrs, dims, *[env[i] for i in ins])
             if out is not None:
                 env[out] = result
-        return [env[i] for i in self.output_slots]
+        outputs = [env[i] for i in self.output_slots]
+        for name, i in self.state_out_slots.items():
+            buffer = states[name]
+            if env[i] is not buffer:  # an update had to copy: keep the buffer's address
+                ptr = buffer.untyped_storage().data_ptr()
+                outputs = [
+                    o.clone() if o.untyped_storage().data_ptr() == ptr else o for o in outputs
+                ]  # outputs that read the old state keep it
+                buffer.copy_(env[i])
+        return outputs
+
+
+VIEW_OPS = ("slice", "reshape", "transpose")
+
+
+def inplace_updates(graph: Graph) -> set[int]:
+    """Indices of the `update_slice` nodes that may write into their input's storage.
+
+    The IR is functional: a value read from state before a write keeps the old
+    data. Writing in place is only safe when nothing that shares the old
+    storage (the input, or a view of it made earlier) is used after the write.
+    """
+    root: dict = {}  # value -> the value whose storage it may share
+    born: dict = {v: -1 for v in graph.inputs + list(graph.states.values())}
+    last_use: dict = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_use[v] = i
+        if node.output is not None:
+            born[node.output] = i
+    end = len(graph.nodes)
+    for v in graph.outputs + list(graph.state_outputs.values()):
+        last_use[v] = end
+    safe: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op in VIEW_OPS or node.op == "update_slice":
+            x = node.inputs[0]
+            base = root.get(x, x)
+        if node.op in VIEW_OPS:
+            root[node.output] = base
+        if node.op != "update_slice":
+            continue
+        stale = [v for v, r in root.items() if r is base and born[v] < i] + [base]
+        if all(last_use.get(v, -1) <= i for v in stale if v is not node.output):
+            safe.add(i)
+            root[node.output] = base
+    return safe

@@ -41,8 +41,10 @@ def _guard(attrs, dims):
 
 
 def _update_slice(attrs, dims, x, update):
-    # In place: state buffers keep their address (what CUDA graphs need); the
-    # source only reads the state through the returned value afterwards.
+    # In place where the interpreter proved it safe (`inplace_updates`): state
+    # buffers then keep their address, which CUDA graphs need.
+    if not attrs.get("inplace", False):
+        x = x.clone()
     x[_slices(attrs["starts"], [s + n for s, n in zip(attrs["starts"], update.shape)], dims)].copy_(
         update
     )

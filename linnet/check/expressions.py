@@ -110,13 +110,17 @@ class Expressions:
 
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e: A.Expr, frame):
-        saved = getattr(self, "_span", None), getattr(self, "_frame", None)
+        saved = (
+            getattr(self, "_span", None),
+            getattr(self, "_frame", None),
+            getattr(self, "_where", ""),
+        )
         self._span, self._frame = e.span, frame
         self._where = f"{self.module.path}:{e.span.line}:{e.span.col}"
         try:
             return self._expr(e, frame)
         finally:
-            self._span, self._frame = saved
+            self._span, self._frame, self._where = saved
 
     def _expr(self, e: A.Expr, frame):
         if isinstance(e, A.Name):

@@ -54,7 +54,7 @@ class Statements(Expressions):
             self.do_for(s, frame)
         elif isinstance(s, A.Require):
             self._span, self._frame = s.cond.span, frame
-            self._where = f"{self.module.path}:{s.span.line}:{s.span.col}"
+            self._where = f"{self.module.path}:{s.cond.span.line}:{s.cond.span.col}"
             self.require(s.cond, s.span, frame)
 
     def assign(self, s: A.Assign, frame) -> None:
@@ -295,6 +295,7 @@ class Statements(Expressions):
                 continue
             args.append(self.convert(given[name], kind, name, e, frame))
         self._span, self._frame = e.span, frame
+        self._where = f"{self.module.path}:{e.span.line}:{e.span.col}"
         try:
             return spec.body(self, *args)
         except OpTypeError as err:

@@ -73,7 +73,7 @@ class TypeBuilder:
     """Runs shape/dtype rules only; values are bare TensorTypes."""
 
     def add(self, op: str, inputs: list, where: str = "", **attrs):
-        return OPS[op].rule([self.type_of(v) for v in inputs], attrs)
+        return OPS[op].infer([self.type_of(v) for v in inputs], attrs)
 
     @staticmethod
     def type_of(v) -> TensorType:
@@ -87,7 +87,7 @@ class GraphBuilder(TypeBuilder):
         self.graph = graph
 
     def add(self, op: str, inputs: list, where: str = "", **attrs):
-        out_type = OPS[op].rule([v.type for v in inputs], attrs)
+        out_type = OPS[op].infer([v.type for v in inputs], attrs)
         out = None if out_type is None else self.graph.new_value(out_type)
         self.graph.nodes.append(Node(op, list(inputs), attrs, out, where))
         return out

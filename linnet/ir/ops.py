@@ -24,14 +24,23 @@ class OpDef:
     kind: str  # "primitive" or "library"
     rule: Rule  # shape and dtype rule; None result: the op has no output (guards)
     doc: str
+    arity: tuple[int, int | None] = (1, 1)  # fewest and most operands (None: any)
+
+    def infer(self, ins: list[TensorType], attrs: dict) -> TensorType | None:
+        """The rule, after checking the operand count."""
+        lo, hi = self.arity
+        if len(ins) < lo or (hi is not None and len(ins) > hi):
+            want = f"{lo}" if lo == hi else f"{lo} to {'any' if hi is None else hi}"
+            raise OpTypeError(f"{self.name} takes {want} operands", want, str(len(ins)))
+        return self.rule(ins, attrs)
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def op(name: str, kind: str = "primitive", doc: str = ""):
+def op(name: str, kind: str = "primitive", doc: str = "", arity=(1, 1)):
     def register(rule: Rule) -> Rule:
-        OPS[name] = OpDef(name, kind, rule, doc)
+        OPS[name] = OpDef(name, kind, rule, doc, tuple(arity))
         return rule
 
     return register
@@ -82,12 +91,12 @@ def require_float(t: TensorType, what: str) -> None:
 
 
 # -- primitives: creation and type ---------------------------------------------------
-@op("const", doc="a constant array (attrs: value, dtype)")
+@op("const", arity=(0, 0), doc="a constant array (attrs: value, dtype)")
 def _const(ins, attrs):
     return TensorType(attrs["dtype"], tuple(Poly.const(d) for d in attrs["value"].shape))
 
 
-@op("iota", doc="start, start+1, … (attrs: length, start, dtype)")
+@op("iota", arity=(0, 0), doc="start, start+1, … (attrs: length, start, dtype)")
 def _iota(ins, attrs):
     return TensorType(attrs["dtype"], (Poly.lift(attrs["length"]),))
 
@@ -116,12 +125,12 @@ def _compare(ins, attrs):
 
 
 for _name in BINARY:
-    op(_name, doc=f"elementwise {_name}, numpy broadcasting")(_binary)
+    op(_name, doc=f"elementwise {_name}, numpy broadcasting", arity=(2, 2))(_binary)
 for _name in COMPARE + LOGICAL:
-    op(_name, doc=f"elementwise {_name} to bool")(_compare)
+    op(_name, doc=f"elementwise {_name} to bool", arity=(2, 2))(_compare)
 
 
-@op("where", doc="where(cond, a, b)")
+@op("where", arity=(3, 3), doc="where(cond, a, b)")
 def _where(ins, attrs):
     cond, a, b = ins
     if cond.dtype != "bool":
@@ -145,7 +154,7 @@ for _name in ("reduce_sum", "reduce_max", "reduce_mean"):
     op(_name, doc="reduce along attrs['axis'] (keepdims)")(_reduce)
 
 
-@op("matmul", doc="batched [..., M, K] @ [..., K, N] with broadcast batch dims")
+@op("matmul", arity=(2, 2), doc="batched [..., M, K] @ [..., K, N] with broadcast batch dims")
 def _matmul(ins, attrs):
     a, b = ins
     dtype = same_dtype(ins, "matmul")
@@ -196,7 +205,7 @@ def _slice(ins, attrs):
     return x.with_shape([Poly.lift(e) - Poly.lift(s) for s, e in zip(starts, stops)])
 
 
-@op("concat", doc="join along attrs['axis']")
+@op("concat", arity=(1, None), doc="join along attrs['axis']")
 def _concat(ins, attrs):
     axis = norm_axis(attrs["axis"], ins[0].rank)
     dtype = same_dtype(ins, "concat")
@@ -212,7 +221,7 @@ def _concat(ins, attrs):
     return TensorType(dtype, tuple(shape))
 
 
-@op("take", doc="rows of a table: table[indices] along axis 0")
+@op("take", arity=(2, 2), doc="rows of a table: table[indices] along axis 0")
 def _take(ins, attrs):
     table, idx = ins
     if idx.dtype not in INT_DTYPES:
@@ -220,7 +229,7 @@ def _take(ins, attrs):
     return TensorType(table.dtype, idx.shape + table.shape[1:])
 
 
-@op("update_slice", doc="x with `update` written at attrs['starts'] (functional)")
+@op("update_slice", arity=(2, 2), doc="x with `update` written at attrs['starts'] (functional)")
 def _update_slice(ins, attrs):
     x, upd = ins
     same_dtype(ins, "a state write")
@@ -229,13 +238,13 @@ def _update_slice(ins, attrs):
     return x
 
 
-@op("guard", doc="runtime check attrs['lhs'] <= attrs['rhs']; no output")
+@op("guard", arity=(0, 0), doc="runtime check attrs['lhs'] <= attrs['rhs']; no output")
 def _guard(ins, attrs):
     return None
 
 
 # -- library ops (decompositions in linnet/ir/library.py) ----------------------------------
-@op("linear", "library", "x @ w^T + b, w is [out, in]")
+@op("linear", "library", "x @ w^T + b, w is [out, in]", arity=(2, 3))
 def _linear(ins, attrs):
     x, w = ins[0], ins[1]
     dtype = same_dtype(ins, "linear")
@@ -268,8 +277,8 @@ def _norm(ins, attrs):
     return x
 
 
-op("rms_norm", "library", "x / sqrt(mean(x^2) + eps) * w, f32 inside")(_norm)
-op("layer_norm", "library", "(x - mean) / sqrt(var + eps) * w + b, f32 inside")(_norm)
+op("rms_norm", "library", "x / sqrt(mean(x^2) + eps) * w, f32 inside", (2, 2))(_norm)
+op("layer_norm", "library", "(x - mean) / sqrt(var + eps) * w + b, f32 inside", (3, 3))(_norm)
 
 
 def _float_unary(ins, attrs):
@@ -299,7 +308,12 @@ def _rope(ins, attrs):
     return x
 
 
-@op("attention", "library", "softmax(q k^T * scale + mask) v with GQA, causal/window masks")
+@op(
+    "attention",
+    "library",
+    "softmax(q k^T * scale + mask) v with GQA, causal/window masks",
+    arity=(3, 3),
+)
 def _attention(ins, attrs):
     q, k, v = ins
     dtype = same_dtype(ins, "attention")

@@ -48,12 +48,12 @@ def decompose(graph: Graph) -> Graph:
 
 
 def dedupe_guards(graph: Graph) -> Graph:
-    """Keep the first of identical runtime guards (rope checks its table per call)."""
+    """Keep the first of identical runtime guards (rope checks its table at each call)."""
     seen = set()
     nodes = []
     for node in graph.nodes:
         if node.op == "guard":
-            key = (node.attrs["lhs"], node.attrs["rhs"])
+            key = (node.attrs["lhs"], node.attrs["rhs"], node.attrs["message"])
             if key in seen:
                 continue
             seen.add(key)
@@ -85,7 +85,7 @@ def verify(graph: Graph) -> None:
         for v in node.inputs:
             if v not in defined:
                 raise VerifyError(f"node {i} ({node.op}): input {v} used before definition")
-        expected = OPS[node.op].rule([v.type for v in node.inputs], node.attrs)
+        expected = OPS[node.op].infer([v.type for v in node.inputs], node.attrs)
         got = None if node.output is None else node.output.type
         if expected != got:
             raise VerifyError(f"node {i} ({node.op}): type {got}, rule says {expected}")
