@@ -90,5 +90,9 @@ def plan(path: Path, dtype: str | None) -> None:
         sys.exit(1)
 
 
+# Commands defined in their own modules (linnet/commands/*.py) register here, one line each.
+# -- command registrations --
+
+
 if __name__ == "__main__":
     main()
