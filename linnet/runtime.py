@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_emit import TORCH_DTYPES
+from linnet.backends.interp import TORCH_DTYPES, Interpreter
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose, dedupe_guards, verify
 from linnet.source import Source

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from linnet.backends.torch_emit import TORCH_DTYPES
+from linnet.backends.interp import TORCH_DTYPES
 from linnet.errors import CheckpointError
 from linnet.loading import plan_checkpoint
 from linnet.runtime import TorchModel

@@ -1,21 +1,69 @@
-"""The PyTorch interpreter: walks a Core-IR graph per call with the emitter table.
+"""The PyTorch interpreter: runs a Core-IR graph node by node.
 
-Construction resolves every node to (emitter, input slots, attrs, output slot)
-once, so a call is a tight loop. Constants become tensors on the device once.
+Each node's text from the emitter table (`torch_emit`) is compiled into a small
+function once, at construction; a call is then a flat loop over those functions
+with the runtime dims bound. Array constants become tensors on the device once.
 """
 
 from __future__ import annotations
 
-import torch
+import math
 
-from linnet.backends.torch_emit import EMITTERS, TORCH_DTYPES
-from linnet.errors import LinnetError
+import torch
+import torch.nn.functional as F
+
+from linnet.backends import torch_prelude
+from linnet.backends.torch_emit import Lines, Spell, emit
+from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
+from linnet.ir.passes import inplace_updates
+
+TORCH_DTYPES = {
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "bool": torch.bool,
+}
+
+
+def namespace(device) -> dict:
+    """What emitted code may name: torch, F, math, the prelude, the device."""
+    ns = {
+        name: getattr(torch_prelude, name)
+        for name in dir(torch_prelude)
+        if not name.startswith("__")
+    }
+    ns.update(torch=torch, F=F, math=math, _dev=torch.device(device))
+    return ns
+
+
+def _guard(lhs, rhs, message, lhs_text, rhs_text):
+    torch_prelude._guard(lhs, rhs, message, lhs_text, rhs_text, error=RuntimeGuardError)
+
+
+def compile_node(node, ns: dict, arity: int):
+    """A function (dims, *inputs) -> output for one node, from its emitted text."""
+    spell = Spell(dim_atom=lambda a: f"_d[{a!r}]")
+    args = [f"_{i}" for i in range(arity)]
+    text = emit(node, spell, args)
+    params = ", ".join(["_d"] + args)
+    if isinstance(text, Lines):
+        body = "\n".join(f"    {line}" for line in text.lines)
+        source = f"def _fn({params}):\n{body}\n    return {text.value}\n"
+    else:
+        source = f"def _fn({params}):\n    return {text}\n"
+    scope: dict = {}
+    exec(compile(source, f"<linnet {node.op}>", "exec"), ns, scope)
+    return scope["_fn"]
 
 
 class Interpreter:
     def __init__(self, graph: Graph, params: dict[str, torch.Tensor], device="cpu") -> None:
         self.graph = graph
+        ns = namespace(device)
+        ns["_guard"] = _guard
         slots: dict = {}
 
         def slot(v) -> int:
@@ -32,14 +80,18 @@ class Interpreter:
             ins = [slot(v) for v in node.inputs]
             out = None if node.output is None else slot(node.output)
             if node.op == "const":  # fold constants once
-                self.fixed[out] = EMITTERS["const"](node.attrs, {}).to(device)
+                value = torch.as_tensor(node.attrs["value"])
+                self.fixed[out] = value.to(TORCH_DTYPES[node.attrs["dtype"]]).to(device)
                 continue
-            attrs = node.attrs
-            if node.op == "guard":
-                attrs = dict(attrs, where=node.where)
-            elif node.op == "update_slice":
-                attrs = dict(attrs, inplace=index in inplace)
-            self.steps.append((EMITTERS[node.op], ins, attrs, out))
+            if node.op == "update_slice":
+                node = type(node)(
+                    node.op,
+                    node.inputs,
+                    dict(node.attrs, inplace=index in inplace),
+                    node.output,
+                    node.where,
+                )
+            self.steps.append((compile_node(node, ns, len(ins)), ins, out))
         self.output_slots = [slots[v] for v in graph.outputs]
         self.state_out_slots = {k: slots[v] for k, v in graph.state_outputs.items()}
         self.n_slots = len(slots)
@@ -78,8 +130,8 @@ class Interpreter:
             env[i] = t
         for name, i in self.state_slots.items():
             env[i] = states[name]
-        for emit, ins, attrs, out in self.steps:
-            result = emit(attrs, dims, *[env[i] for i in ins])
+        for fn, ins, out in self.steps:
+            result = fn(dims, *[env[i] for i in ins])
             if out is not None:
                 env[out] = result
         outputs = [env[i] for i in self.output_slots]
@@ -92,40 +144,3 @@ class Interpreter:
                 ]  # outputs that read the old state keep it
                 buffer.copy_(env[i])
         return outputs
-
-
-VIEW_OPS = ("slice", "reshape", "transpose")
-
-
-def inplace_updates(graph: Graph) -> set[int]:
-    """Indices of the `update_slice` nodes that may write into their input's storage.
-
-    The IR is functional: a value read from state before a write keeps the old
-    data. Writing in place is only safe when nothing that shares the old
-    storage (the input, or a view of it made earlier) is used after the write.
-    """
-    root: dict = {}  # value -> the value whose storage it may share
-    born: dict = {v: -1 for v in graph.inputs + list(graph.states.values())}
-    last_use: dict = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            last_use[v] = i
-        if node.output is not None:
-            born[node.output] = i
-    end = len(graph.nodes)
-    for v in graph.outputs + list(graph.state_outputs.values()):
-        last_use[v] = end
-    safe: set[int] = set()
-    for i, node in enumerate(graph.nodes):
-        if node.op in VIEW_OPS or node.op == "update_slice":
-            x = node.inputs[0]
-            base = root.get(x, x)
-        if node.op in VIEW_OPS:
-            root[node.output] = base
-        if node.op != "update_slice":
-            continue
-        stale = [v for v, r in root.items() if r is base and born[v] < i] + [base]
-        if all(last_use.get(v, -1) <= i for v in stale if v is not node.output):
-            safe.add(i)
-            root[node.output] = base
-    return safe

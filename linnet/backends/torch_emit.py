@@ -1,107 +1,222 @@
-"""The PyTorch backend: one emitter per Core-IR primitive.
+"""The PyTorch backend: one text emitter per Core-IR op.
 
-An emitter takes (attrs, dims, *inputs) where `dims` binds the runtime dims
-(B, S, P…) to ints, and returns a tensor. The interpreter calls them per
-node; the source generator renders the same ops as text.
+An emitter takes (attrs, spell, *inputs) — inputs are Python expressions — and
+returns the Python expression of the op's result, or `Lines` when the op is a
+statement (in-place state writes, guards). `spell` says how the driver writes
+dims, dtypes, devices and rope tables. The interpreter compiles each node's
+text into a function once; the source generator writes the same text into a
+module. Library ops call `torch_prelude` helpers: the `ref` ones in
+numerics="equivalent", the fused `fast` ones in numerics="fast".
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from linnet.errors import RuntimeGuardError
-from linnet.ir.ops import BINARY, COMPARE, UNARY
+from linnet.check.dims import Poly
+from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
-TORCH_DTYPES = {
-    "f32": torch.float32,
-    "f16": torch.float16,
-    "bf16": torch.bfloat16,
-    "i64": torch.int64,
-    "i32": torch.int32,
-    "bool": torch.bool,
+TORCH_DTYPE_NAMES = {
+    "f32": "torch.float32",
+    "f16": "torch.float16",
+    "bf16": "torch.bfloat16",
+    "i64": "torch.int64",
+    "i32": "torch.int32",
+    "bool": "torch.bool",
 }
 
 
-def _ev(p, dims) -> int:
-    return p if isinstance(p, int) else p.eval(dims)
+@dataclass
+class Lines:
+    """Statements to run, and the expression that holds the result afterwards."""
+
+    lines: list[str]
+    value: str | None
 
 
-def _slices(starts, stops, dims):
-    return tuple(slice(_ev(s, dims), _ev(e, dims)) for s, e in zip(starts, stops))
+class Spell:
+    """How a driver writes things: dims as names (generated source) or lookups."""
 
+    def __init__(self, dim_atom=lambda name: name, numerics: str = "equivalent") -> None:
+        self.dim_atom = dim_atom
+        self.numerics = numerics
+        self.tables: dict[tuple, str] = {}  # rope spec -> table name
 
-def _guard(attrs, dims):
-    lhs, rhs = _ev(attrs["lhs"], dims), _ev(attrs["rhs"], dims)
-    if lhs > rhs:
-        bound = ", ".join(f"{k} = {v}" for k, v in sorted(dims.items()))
-        raise RuntimeGuardError(
-            f"{attrs['where']}: {attrs['message']} failed: "
-            f"{attrs['lhs']} = {lhs} > {attrs['rhs']} = {rhs} ({bound})"
+    def dim(self, p) -> str:
+        p = Poly.lift(p)
+        if p.is_const:
+            return str(p.value)
+        parts = []
+        for mono, coef in p.terms:
+            factors = [self.dim_atom(a) for a in mono] or [str(abs(coef))]
+            if mono and abs(coef) != 1:
+                factors.insert(0, str(abs(coef)))
+            parts.append(("-" if coef < 0 else "+") + " * ".join(factors))
+        text = " ".join(f"{s[0]} {s[1:]}" for s in parts)
+        return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+    def dims(self, ps) -> str:
+        return ", ".join(self.dim(p) for p in ps)
+
+    def dtype(self, name: str) -> str:
+        return TORCH_DTYPE_NAMES[name]
+
+    def rope_table(self, attrs: dict, head_dim: int) -> str:
+        spec = (
+            head_dim,
+            attrs["positions"],
+            attrs["theta"],
+            attrs["scaling"] or "default",
+            attrs["factor"],
+            attrs["low_freq"],
+            attrs["high_freq"],
+            attrs["original_max"],
         )
+        return self.tables.setdefault(spec, f"rope{len(self.tables)}")
 
 
-def _update_slice(attrs, dims, x, update):
-    # In place where the interpreter proved it safe (`inplace_updates`): state
-    # buffers then keep their address, which CUDA graphs need.
-    if not attrs.get("inplace", False):
-        x = x.clone()
-    x[_slices(attrs["starts"], [s + n for s, n in zip(attrs["starts"], update.shape)], dims)].copy_(
-        update
+def _slices(spell: Spell, starts, stops) -> str:
+    items = []
+    for lo, hi in zip(starts, stops):
+        lo_text = "" if Poly.lift(lo) == Poly.const(0) else spell.dim(lo)
+        items.append(f"{lo_text}:{spell.dim(hi)}")
+    return ", ".join(items)
+
+
+def _const(a, s):
+    value = a["value"]
+    if value.ndim == 0:
+        return repr(float(value)) if a["dtype"] in ("f32", "f16", "bf16") else repr(int(value))
+    raise ValueError("array constants are folded by the driver")
+
+
+def _update_slice(a, s, x, update):
+    index = ", ".join(
+        f"{s.dim(lo)}:{s.dim(Poly.lift(lo) + n)}" for lo, n in zip(a["starts"], a["sizes"])
     )
-    return x
+    if a.get("inplace", False):
+        return Lines([f"{x}[{index}].copy_({update})"], x)
+    return Lines([f"_w = {x}.clone()", f"_w[{index}].copy_({update})"], "_w")
 
 
-UNARY_FNS = {
-    "neg": torch.neg,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "tanh": torch.tanh,
-    "erf": torch.erf,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "sigmoid": torch.sigmoid,
-    "abs": torch.abs,
+def _guard(a, s):
+    message = f"{a.get('where', '')}: {a['message']}".lstrip(": ")
+    lhs, rhs = s.dim(a["lhs"]), s.dim(a["rhs"])
+    texts = f"{str(a['lhs'])!r}, {str(a['rhs'])!r}"
+    return Lines([f"_guard({lhs}, {rhs}, {message!r}, {texts})"], None)
+
+
+def _rope(a, s, x):
+    table = s.rope_table(a, a["head_dim"])
+    fn = "rope_fast" if s.numerics == "fast" else "rope_ref"
+    return f"{fn}({x}, {table}_cos, {table}_sin, {s.dim(a['offset'])})"
+
+
+def _attention(a, s, q, k, v):
+    fn = "attention_fast" if s.numerics == "fast" else "attention_ref"
+    return (
+        f"{fn}({q}, {k}, {v}, {a['causal']}, {s.dim(a['q_offset'])}, "
+        f"{s.dim(a['window'] or 0)}, {a['scale']!r})"
+    )
+
+
+def _norm(kind):
+    def emit(a, s, *xs):
+        fn = f"{kind}_{'fast' if s.numerics == 'fast' else 'ref'}"
+        return f"{fn}({', '.join(xs)}, {a['eps']!r})"
+
+    return emit
+
+
+def _gelu(a, s, x):
+    if s.numerics == "fast":
+        return f"F.gelu({x}, approximate={(a['approx'] or 'none')!r})"
+    return f"gelu_ref({x}, {(a['approx'] or 'none')!r})"
+
+
+def _linear(a, s, x, w, b=None):
+    return f"F.linear({x}, {w}, {b})" if b is not None else f"F.linear({x}, {w})"
+
+
+UNARY_TEXT = {
+    "neg": "torch.neg",
+    "exp": "torch.exp",
+    "log": "torch.log",
+    "sqrt": "torch.sqrt",
+    "rsqrt": "torch.rsqrt",
+    "tanh": "torch.tanh",
+    "erf": "torch.erf",
+    "sin": "torch.sin",
+    "cos": "torch.cos",
+    "sigmoid": "torch.sigmoid",
+    "abs": "torch.abs",
 }
-BINARY_FNS = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "pow": torch.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-    "lt": torch.lt,
-    "le": torch.le,
-    "gt": torch.gt,
-    "ge": torch.ge,
-    "eq": torch.eq,
-    "ne": torch.ne,
-    "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or,
+BINARY_TEXT = {
+    "add": "torch.add",
+    "sub": "torch.sub",
+    "mul": "torch.mul",
+    "div": "torch.div",
+    "pow": "torch.pow",
+    "maximum": "torch.maximum",
+    "minimum": "torch.minimum",
+    "lt": "torch.lt",
+    "le": "torch.le",
+    "gt": "torch.gt",
+    "ge": "torch.ge",
+    "eq": "torch.eq",
+    "ne": "torch.ne",
+    "logical_and": "torch.logical_and",
+    "logical_or": "torch.logical_or",
 }
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 EMITTERS = {
-    "const": lambda a, d: torch.as_tensor(a["value"]).to(TORCH_DTYPES[a["dtype"]]),
-    "iota": lambda a, d: torch.arange(
-        _ev(a["start"], d), _ev(a["start"], d) + _ev(a["length"], d), dtype=TORCH_DTYPES[a["dtype"]]
+    "const": _const,
+    "iota": lambda a, s: (
+        f"torch.arange({s.dim(a['start'])}, "
+        f"{s.dim(Poly.lift(a['start']) + Poly.lift(a['length']))}, "
+        f"dtype={s.dtype(a['dtype'])}, device=_dev)"
     ),
-    "cast": lambda a, d, x: x.to(TORCH_DTYPES[a["dtype"]]),
-    "where": lambda a, d, c, x, y: torch.where(c, x, y),
-    "reduce_sum": lambda a, d, x: x.sum(a["axis"], keepdim=a.get("keepdims", True)),
-    "reduce_max": lambda a, d, x: x.amax(a["axis"], keepdim=a.get("keepdims", True)),
-    "reduce_mean": lambda a, d, x: x.mean(a["axis"], keepdim=a.get("keepdims", True)),
-    "matmul": lambda a, d, x, y: torch.matmul(x, y),
-    "reshape": lambda a, d, x: x.reshape([_ev(s, d) for s in a["shape"]]),
-    "transpose": lambda a, d, x: x.permute(a["perm"]),
-    "slice": lambda a, d, x: x[_slices(a["starts"], a["stops"], d)],
-    "concat": lambda a, d, *xs: torch.cat(xs, dim=a["axis"]),
-    "take": lambda a, d, table, idx: table[idx],
+    "cast": lambda a, s, x: f"{x}.to({s.dtype(a['dtype'])})",
+    "where": lambda a, s, c, x, y: f"torch.where({c}, {x}, {y})",
+    "reduce_sum": lambda a, s, x: f"{x}.sum({a['axis']}, keepdim={a.get('keepdims', True)})",
+    "reduce_max": lambda a, s, x: f"{x}.amax({a['axis']}, keepdim={a.get('keepdims', True)})",
+    "reduce_mean": lambda a, s, x: f"{x}.mean({a['axis']}, keepdim={a.get('keepdims', True)})",
+    "matmul": lambda a, s, x, y: f"torch.matmul({x}, {y})",
+    "reshape": lambda a, s, x: f"{x}.reshape({s.dims(a['shape'])})",
+    "transpose": lambda a, s, x: f"{x}.permute({', '.join(map(str, a['perm']))})",
+    "slice": lambda a, s, x: f"{x}[{_slices(s, a['starts'], a['stops'])}]",
+    "concat": lambda a, s, *xs: f"torch.cat([{', '.join(xs)}], dim={a['axis']})",
+    "take": lambda a, s, table, idx: f"{table}[{idx}]",
     "update_slice": _update_slice,
     "guard": _guard,
+    # library ops (their decompositions are the reference; see torch_prelude)
+    "linear": _linear,
+    "rms_norm": _norm("rms_norm"),
+    "layer_norm": _norm("layer_norm"),
+    "softmax": lambda a, s, x: f"softmax_ref({x}, {a['axis']})",
+    "silu": lambda a, s, x: f"F.silu({x})",
+    "gelu": _gelu,
+    "rope": _rope,
+    "attention": _attention,
 }
 for _name in UNARY:
-    EMITTERS[_name] = lambda a, d, x, _f=UNARY_FNS[_name]: _f(x)
-for _name in BINARY + COMPARE + ("logical_and", "logical_or"):
-    EMITTERS[_name] = lambda a, d, x, y, _f=BINARY_FNS[_name]: _f(x, y)
+    EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"
+for _name in BINARY + COMPARE + LOGICAL:
+    if _name in INFIX:
+        EMITTERS[_name] = lambda a, s, x, y, _o=INFIX[_name]: f"{x} {_o} {y}"
+    else:
+        EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: f"{_f}({x}, {y})"
+
+
+def emit(node, spell: Spell, inputs: list[str]):
+    """The text of one node: an expression, or Lines. Adds what emitters need to
+    know beyond attrs: a guard's source position, sizes of a state write, head dim."""
+    attrs = dict(node.attrs)
+    if node.op == "guard":
+        attrs["where"] = node.where
+    elif node.op == "update_slice":
+        attrs["sizes"] = node.inputs[1].type.shape
+    elif node.op == "rope":
+        attrs["head_dim"] = node.inputs[0].type.shape[-1].value
+    return EMITTERS[node.op](attrs, spell, *inputs)

@@ -191,8 +191,10 @@ class Statements(Expressions):
             if value.value is False:
                 self.error(cond.span, "requirement is false for this config", frame=frame)
             return
+        line = self.module.lines[cond.span.line - 1]
+        text = line[cond.span.col - 1 : cond.span.end_col - 1]
         for lhs, rhs in facts:
-            self.require_le(lhs, rhs, f"require {_unparse(cond)}", frame)
+            self.require_le(lhs, rhs, f"require {text}", frame)
 
     def facts_of(self, cond: A.Expr, frame):
         """`a <= b` style requirements on ints as (lhs, rhs) pairs with lhs <= rhs."""

@@ -72,6 +72,43 @@ def dedupe_guards(graph: Graph) -> Graph:
     return out
 
 
+VIEW_OPS = ("slice", "reshape", "transpose")
+
+
+def inplace_updates(graph: Graph) -> set[int]:
+    """Indices of the `update_slice` nodes that may write into their input's storage.
+
+    The IR is functional: a value read from state before a write keeps the old
+    data. Writing in place is only safe when nothing that shares the old
+    storage (the input, or a view of it made earlier) is used after the write.
+    """
+    root: dict = {}  # value -> the value whose storage it may share
+    born: dict = {v: -1 for v in graph.inputs + list(graph.states.values())}
+    last_use: dict = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_use[v] = i
+        if node.output is not None:
+            born[node.output] = i
+    end = len(graph.nodes)
+    for v in graph.outputs + list(graph.state_outputs.values()):
+        last_use[v] = end
+    safe: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op in VIEW_OPS or node.op == "update_slice":
+            x = node.inputs[0]
+            base = root.get(x, x)
+        if node.op in VIEW_OPS:
+            root[node.output] = base
+        if node.op != "update_slice":
+            continue
+        stale = [v for v, r in root.items() if r is base and born[v] < i] + [base]
+        if all(last_use.get(v, -1) <= i for v in stale if v is not node.output):
+            safe.add(i)
+            root[node.output] = base
+    return safe
+
+
 class VerifyError(AssertionError):
     pass
 

@@ -1,0 +1,119 @@
+"""Helpers that emitted PyTorch code calls: runtime guards and the library ops.
+
+This module is copied verbatim into every generated source (`linnet torch`), so
+generated code runs with torch alone; the interpreter imports it. The
+`equivalent` helpers keep the reference numerics of `linnet/ir/library.py`
+(f32 norms and softmax, rope tables in f32); `fast` ones use fused kernels.
+Both are tested against the decompositions (tests/test_torch_backend.py).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class GuardError(RuntimeError):
+    """A `require` of the source failed at run time."""
+
+
+def _guard(lhs, rhs, message, lhs_text, rhs_text, error=GuardError):
+    if lhs > rhs:
+        raise error(f"{message} failed: {lhs_text} = {lhs} > {rhs_text} = {rhs}")
+
+
+# -- numerics="equivalent": the reference decompositions, op for op ----------------------
+def rms_norm_ref(x, w, eps):
+    h = x.float()
+    h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def layer_norm_ref(x, w, b, eps):
+    h = x.float()
+    centered = h - h.mean(-1, keepdim=True)
+    var = (centered * centered).mean(-1, keepdim=True)
+    return (centered * torch.rsqrt(var + eps)).to(x.dtype) * w + b
+
+
+def softmax_ref(x, axis):
+    h = x.float()
+    e = torch.exp(h - h.amax(axis, keepdim=True))
+    return (e / e.sum(axis, keepdim=True)).to(x.dtype)
+
+
+def gelu_ref(x, approx):
+    if approx == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+        return x * 0.5 * (torch.tanh(inner) + 1.0)
+    return x * 0.5 * (torch.erf(x * (1.0 / math.sqrt(2.0))) + 1.0)
+
+
+def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max):
+    """cos, sin [positions, head_dim / 2] in f32, as transformers builds them."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv = 1.0 / (theta**exponent)
+    if scaling == "llama3":
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > original_max / low_freq, inv / factor, inv)
+        smooth = (original_max / wavelen - low_freq) / (high_freq - low_freq)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < original_max / high_freq) & ~(wavelen > original_max / low_freq)
+        inv = torch.where(medium, smoothed, scaled)
+    freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cos(freqs), torch.sin(freqs)
+
+
+def rope_ref(x, cos, sin, offset):
+    """Half rotation of x [B, H, S, D] at positions offset..offset+S."""
+    seq, half = x.shape[2], x.shape[3] // 2
+    c = cos[offset : offset + seq].to(x.dtype)
+    s = sin[offset : offset + seq].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def attention_ref(q, k, v, causal, q_offset, window, scale):
+    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads."""
+    b, h, s, d = q.shape
+    kv, t = k.shape[1], k.shape[2]
+    q5 = q.reshape(b, kv, h // kv, s, d)
+    scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
+    scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
+    if causal or window:
+        qpos = torch.arange(q_offset, q_offset + s, device=q.device)[:, None]
+        kpos = torch.arange(t, device=q.device)[None, :]
+        allowed = kpos <= qpos
+        if window:
+            allowed = allowed & (kpos > qpos - window)
+        scores = torch.where(allowed, scores, -math.inf)
+    probs = softmax_ref(scores, -1).to(q.dtype)
+    return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
+
+
+# -- numerics="fast": fused kernels, lower precision allowed ------------------------------
+def rms_norm_fast(x, w, eps):
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def layer_norm_fast(x, w, b, eps):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def rope_fast(x, cos, sin, offset):
+    return rope_ref(x, cos, sin, offset)
+
+
+def attention_fast(q, k, v, causal, q_offset, window, scale):
+    s, t = q.shape[2], k.shape[2]
+    if window or (causal and s > 1 and t != s):
+        qpos = torch.arange(q_offset, q_offset + s, device=q.device)[:, None]
+        kpos = torch.arange(t, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if window:
+            mask = mask & (kpos > qpos - window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    # decode of one token sees every cached key; a square prefill is plain causal
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal and s > 1, scale=scale, enable_gqa=True
+    )
