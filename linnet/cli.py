@@ -92,6 +92,16 @@ def plan(path: Path, dtype: str | None) -> None:
 
 # Commands defined in their own modules (linnet/commands/*.py) register here, one line each.
 # -- command registrations --
+from linnet.commands.codegen import torch_command  # noqa: E402
+
+main.add_command(torch_command)
+from linnet.commands.run import parity as parity_command  # noqa: E402
+from linnet.commands.run import run as run_command  # noqa: E402
+from linnet.commands.zoo import zoo as zoo_group  # noqa: E402
+
+main.add_command(zoo_group)
+main.add_command(run_command)
+main.add_command(parity_command)
 
 
 if __name__ == "__main__":

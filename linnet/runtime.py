@@ -10,24 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from linnet.backends.interp import TORCH_DTYPES, Interpreter
+from linnet.backends.interp import TORCH_DTYPES
+from linnet.backends.torch_runners import make_runner
 from linnet.errors import LinnetError
-from linnet.ir.passes import decompose, dedupe_guards, verify
 from linnet.source import Source
-
-NUMERICS = ("equivalent",)
-
-
-def build_graph(source: Source, config: dict, entry: str, numerics: str):
-    if numerics not in NUMERICS:
-        raise LinnetError(
-            f"numerics={numerics!r} is not available on this backend; choose one of {NUMERICS}"
-        )
-    graph = dedupe_guards(source.lower(config, entry))
-    verify(graph)
-    graph = decompose(graph)  # equivalent: the library ops' reference decompositions
-    verify(graph)
-    return graph
 
 
 class TorchModel:
@@ -39,6 +25,7 @@ class TorchModel:
         *,
         device="cpu",
         numerics: str = "equivalent",
+        mode: str = "interpret",
         hf_config: dict | None = None,
     ):
         self.source = source
@@ -47,8 +34,8 @@ class TorchModel:
         self.params = params
         self.device = torch.device(device)
         self.numerics = numerics
-        self.graphs = {e: build_graph(source, config, e, numerics) for e in source.entries}
-        self.runners = {e: Interpreter(g, params, self.device) for e, g in self.graphs.items()}
+        self.mode = mode
+        self.runner = make_runner(mode, source, config, params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
         self.position = 0
 
@@ -60,18 +47,19 @@ class TorchModel:
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of every position, [B, S, V] (no cache involved)."""
         with torch.inference_mode():
-            return self.runners["forward"].run([self._ids(ids)])[0]
+            return self.runner.forward(self._ids(ids))
 
     __call__ = forward
 
     def decode(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
         """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
-        ids = self._ids(ids)
-        runner = self.runners["decode"]
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
         with torch.inference_mode():
-            self._ensure_state(runner, ids.shape[0], pos)
-            out = runner.run([ids], {"at": int(pos)}, self.state)[0]
-        self.position = int(pos) + ids.shape[1]
+            self._ensure_state(ids.shape[0], pos)
+            out = self.runner.decode(ids, pos, self.state)
+        self.position = pos + ids.shape[1]
         return out
 
     def reset(self) -> None:
@@ -107,7 +95,7 @@ class TorchModel:
                 if bool(done.all()):
                     break
             if step + 1 < max_new_tokens:
-                logits = self.decode(token[:, None], self.position)
+                logits = self._decode(token[:, None], self.position)  # ids known valid
         return torch.cat(out, dim=1)
 
     # -- helpers -------------------------------------------------------------------------
@@ -124,9 +112,8 @@ class TorchModel:
             )
         return ids.to(torch.int64).to(self.device)
 
-    def _ensure_state(self, runner: Interpreter, batch: int, pos: int) -> None:
-        for name, value in runner.graph.states.items():
-            t = value.type
+    def _ensure_state(self, batch: int, pos: int) -> None:
+        for name, t in self.runner.state_types.items():
             shape = [d.eval({"B": batch}) if not d.is_const else d.value for d in t.shape]
             have = self.state.get(name)
             if have is None or list(have.shape) != shape:

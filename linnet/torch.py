@@ -25,11 +25,16 @@ def load(
     device="cpu",
     numerics: str = "equivalent",
     max_positions: int | None = None,
+    mode: str = "interpret",
 ) -> TorchModel:
     """A local HF checkpoint folder (config.json + safetensors) as a Linnet model.
 
     dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype.
     max_positions: KV-cache length; default the config's context, capped at 4096.
+    mode: "interpret" (Core IR per call), "generated" (straight-line source),
+        "compile" (generated under torch.compile) or "cudagraphs" (CUDA only).
+    numerics: "equivalent" (the reference's f32 norms and softmax) or "fast"
+        (fused kernels; generated and compiled modes).
     """
     plan, source, config, hf_config = plan_checkpoint(
         path, dtype=dtype, max_positions=max_positions
@@ -37,7 +42,9 @@ def load(
     plan.check()
     torch_dtype = TORCH_DTYPES[config["act"]]
     params = {name: t.to(device) for name, t in plan.load(torch_dtype)}
-    return TorchModel(source, config, params, device=device, numerics=numerics, hf_config=hf_config)
+    return TorchModel(
+        source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
+    )
 
 
 def load_source(
@@ -47,6 +54,7 @@ def load_source(
     *,
     device="cpu",
     numerics: str = "equivalent",
+    mode: str = "interpret",
 ) -> TorchModel:
     """A source outside the zoo with a config and params named as the source names them."""
     source = Source.load(source_path)
@@ -70,4 +78,4 @@ def load_source(
         params[name] = weights[name].to(device=device, dtype=TORCH_DTYPES[t.dtype])
     for name, target in layout.tied.items():
         params[name] = params[target]
-    return TorchModel(source, config, params, device=device, numerics=numerics)
+    return TorchModel(source, config, params, device=device, numerics=numerics, mode=mode)

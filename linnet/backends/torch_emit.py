@@ -37,9 +37,12 @@ class Lines:
 class Spell:
     """How a driver writes things: dims as names (generated source) or lookups."""
 
-    def __init__(self, dim_atom=lambda name: name, numerics: str = "equivalent") -> None:
+    def __init__(
+        self, dim_atom=lambda name: name, numerics: str = "equivalent", table_prefix: str = ""
+    ) -> None:
         self.dim_atom = dim_atom
         self.numerics = numerics
+        self.table_prefix = table_prefix  # where rope tables live ("self." in a module)
         self.tables: dict[tuple, str] = {}  # rope spec -> table name
 
     def dim(self, p) -> str:
@@ -72,7 +75,7 @@ class Spell:
             attrs["high_freq"],
             attrs["original_max"],
         )
-        return self.tables.setdefault(spec, f"rope{len(self.tables)}")
+        return self.table_prefix + self.tables.setdefault(spec, f"rope{len(self.tables)}")
 
 
 def _slices(spell: Spell, starts, stops) -> str:

@@ -1,0 +1,100 @@
+"""How a TorchModel runs its entries: one runner per mode.
+
+- `interpret`: the Core-IR interpreter over the reference decompositions.
+- `generated`: the straight-line module from `torch_codegen`, exec'd in-process.
+- `compile`: the generated module's entries under `torch.compile` (static cache,
+  dynamic shapes so decode positions do not recompile).
+- `cudagraphs`: decode captured once and replayed (CUDA only).
+A runner has `forward(ids)`, `decode(ids, pos, state)` and `state_types`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+
+import torch
+
+from linnet.backends.interp import Interpreter
+from linnet.backends.torch_codegen import class_name, generate
+from linnet.errors import LinnetError
+from linnet.ir.passes import decompose, dedupe_guards, verify
+from linnet.source import Source
+
+MODES = ("interpret", "generated", "compile", "cudagraphs")
+NUMERICS = ("equivalent", "fast")
+
+
+def reference_graph(source: Source, config: dict, entry: str):
+    """An entry lowered, verified and decomposed into primitives (numerics=equivalent)."""
+    graph = dedupe_guards(source.lower(config, entry))
+    verify(graph)
+    graph = decompose(graph)
+    verify(graph)
+    return graph
+
+
+class InterpretedRunner:
+    def __init__(self, source, config, params, device, numerics):
+        if numerics != "equivalent":
+            raise LinnetError(
+                "mode='interpret' runs the reference decompositions: it has only "
+                "numerics='equivalent' (use mode='generated' for 'fast')"
+            )
+        graphs = {e: reference_graph(source, config, e) for e in source.entries}
+        self.runners = {e: Interpreter(g, params, device) for e, g in graphs.items()}
+        self.state_types = {k: v.type for g in graphs.values() for k, v in g.states.items()}
+
+    def forward(self, ids):
+        return self.runners["forward"].run([ids])[0]
+
+    def decode(self, ids, pos, state):
+        return self.runners["decode"].run([ids], {"at": pos}, state)[0]
+
+
+def load_generated(text: str, name: str):
+    """Exec generated source as a module and return its model class."""
+    module = types.ModuleType(f"linnet_generated_{name}_{next(_counter)}")
+    exec(compile(text, f"<linnet generated {name}>", "exec"), module.__dict__)
+    sys.modules[module.__name__] = module  # torch.compile imports what it traces
+    return getattr(module, class_name(name))
+
+
+_counter = itertools.count()
+
+
+class GeneratedRunner:
+    def __init__(self, source, config, params, device, numerics, compiled=False):
+        self.text = generate(source, config, numerics)
+        module = load_generated(self.text, source.name)()
+        names = module.state_dict().keys()  # tied params are not attributes of their own
+        module.load_state_dict({k: params[k] for k in names}, assign=True)
+        self.module = module.to(device).eval()
+        graphs = {e: dedupe_guards(source.lower(config, e)) for e in source.entries}
+        self.state_types = {k: v.type for g in graphs.values() for k, v in g.states.items()}
+        self._forward, self._decode = self.module.forward, self.module.decode
+        if compiled:
+            # dynamic shapes: one graph for every decode position and prompt length
+            self._forward = torch.compile(self.module.forward, dynamic=True)
+            self._decode = torch.compile(self.module.decode, dynamic=True)
+
+    def forward(self, ids):
+        return self._forward(ids)
+
+    def decode(self, ids, pos, state):
+        return self._decode(ids, pos, **state)
+
+
+def make_runner(mode: str, source, config, params, device, numerics):
+    if mode not in MODES:
+        raise LinnetError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
+    if numerics not in NUMERICS:
+        raise LinnetError(f"numerics={numerics!r}: choose one of {', '.join(NUMERICS)}")
+    if mode == "cudagraphs":
+        from linnet.backends.cudagraphs import CudaGraphRunner
+
+        return CudaGraphRunner(source, config, params, device, numerics)
+    if mode == "interpret":
+        return InterpretedRunner(source, config, params, device, numerics)
+    return GeneratedRunner(source, config, params, device, numerics, compiled=mode == "compile")
