@@ -117,11 +117,11 @@ def emit_init(source: Source, config: dict, spell: Spell, graphs: dict) -> list[
     layout = source.params(config)
     lines = ["    def __init__(self):", "        super().__init__()"]
     containers = set()
-    for name in layout.shapes:
+    for name in layout.shapes:  # repeated blocks become ModuleLists: layers.3.wq
         parts = name.split(".")
-        for i, part in enumerate(parts[:-1]):
-            if parts[i + 1].isdigit() and ".".join(parts[: i + 1]) not in containers:
-                prefix = ".".join(parts[: i + 1])
+        for i in range(len(parts) - 1):
+            prefix = ".".join(parts[: i + 1])
+            if parts[i + 1].isdigit() and prefix not in containers:
                 containers.add(prefix)
                 count = 1 + max(
                     int(n.split(".")[i + 1]) for n in layout.shapes if n.startswith(prefix + ".")
