@@ -1,0 +1,140 @@
+"""`linnet run` (generate text, streamed) and `linnet parity` (the gate against transformers).
+
+Both take a zoo name (pulled, or found in the HF cache), an HF repo id, or a local folder;
+`--checkpoint PATH` pairs a zoo name with a local copy of its weights.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from linnet.commands.zoo import fail_hub, warnings_to_stderr
+
+_TARGET = click.argument("target", metavar="NAME_OR_PATH")
+_CHECKPOINT = click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="a local folder with this entry's weights (instead of the HF cache)",
+)
+_REVISION = click.option("--revision", default=None, help="a branch, tag or commit to pull")
+
+
+def _locate(target: str, checkpoint, revision):
+    from linnet.hub import HubError, locate
+
+    with warnings_to_stderr():
+        try:
+            return locate(target, checkpoint=checkpoint, revision=revision)
+        except HubError as err:
+            fail_hub(err)
+
+
+class TextStream:
+    """Prints generated tokens as they come: decodes everything so far and writes what is new,
+    holding back an incomplete UTF-8 sequence (a token that ends in the middle of a character)."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""
+        self.out = out or sys.stdout
+
+    def __call__(self, token) -> None:
+        self.ids.append(int(token.reshape(-1)[0]))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.shown):
+            return
+        self.out.write(text[len(self.shown) :])
+        self.out.flush()
+        self.shown = text
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+
+def eos_ids(folder, tokenizer) -> list[int]:
+    """The tokens that end generation, as transformers' `generate` takes them: the
+    checkpoint's generation_config.json, else the tokenizer's EOS."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(folder).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+@click.command()
+@_TARGET
+@click.option("--prompt", required=True, help="the user message (or plain text with --no-chat)")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--chat/--no-chat", default=None, help="apply the chat template (default: if any)")
+@click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
+@_CHECKPOINT
+@_REVISION
+def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> None:
+    """Generate text greedily with Linnet, streaming tokens as they come."""
+    from transformers import AutoTokenizer
+
+    import linnet.torch
+    from linnet.parity import encode_prompts
+
+    found = _locate(target, checkpoint, revision)
+    tokenizer = AutoTokenizer.from_pretrained(found.folder)
+    if chat is None:
+        chat = found.entry.chat if found.entry else bool(tokenizer.chat_template)
+    if chat and not tokenizer.chat_template:
+        click.echo(f"error: {found.folder} has no chat template; use --no-chat", err=True)
+        sys.exit(2)
+    ids = encode_prompts(tokenizer, [prompt], chat)[0]
+    model = linnet.torch.load(
+        found.folder, dtype=dtype, max_positions=ids.shape[-1] + max_new_tokens
+    )
+    stream = TextStream(tokenizer)
+    t0 = time.perf_counter()
+    model.generate(
+        ids, max_new_tokens, eos_token_id=eos_ids(found.folder, tokenizer), on_token=stream
+    )
+    seconds = time.perf_counter() - t0
+    click.echo()
+    click.echo(
+        f"({len(stream.ids)} tokens in {seconds:.1f} s, {len(stream.ids) / seconds:.1f} tokens/s)",
+        err=True,
+    )
+
+
+@click.command()
+@_TARGET
+@click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True)
+@click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True)
+@click.option(
+    "--prompt", "prompts", multiple=True, help="a prompt (repeatable; default: the entry's)"
+)
+@click.option("--results", default=None, help="where records go (default results/parity)")
+@_CHECKPOINT
+@_REVISION
+def parity(target, backend, dtype, prompts, results, checkpoint, revision) -> None:
+    """Compare Linnet with transformers on the same weights and dtype; exit 1 past tolerance."""
+    from linnet.parity import format_table, run_gate, write_record
+
+    found = _locate(target, checkpoint, revision)
+    if found.entry is None:
+        click.echo(
+            f"note: {found.folder} matches no zoo entry; using the default prompts and tolerances",
+            err=True,
+        )
+    report = run_gate(
+        found.folder, entry=found.entry, backend=backend, dtype=dtype, prompts=list(prompts)
+    )
+    report.repo = found.repo or report.repo
+    report.revision, report.commit = found.revision, found.commit
+    click.echo(format_table(report))
+    click.echo(f"record: {write_record(report, results)}")
+    if not report.passed:
+        sys.exit(1)

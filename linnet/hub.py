@@ -1,0 +1,680 @@
+"""Pull checkpoints from the Hugging Face Hub into the shared HF cache, planned before they land.
+
+    from linnet.zoo import pull
+    result = pull("smollm2-135m-instruct")      # pinned revision, verified, planned
+    result.folder                                # the snapshot folder transformers also finds
+
+Order of work, so that a repo that cannot run fails in seconds:
+1. resolve the revision to a commit and list the repo's files (with their LFS sha256);
+2. fetch config.json (and the shard index), then only the *headers* of the safetensors files
+   (a streamed, ranged GET that stops after the header), and run the weights-map plan: a
+   missing, extra or misshapen tensor fails here, naming it, before any weight is fetched;
+3. `snapshot_download` of exactly the files Linnet uses (safetensors weights, JSON, tokenizer
+   files; never pickles), with progress bars; a second pull downloads nothing;
+4. check every file against the hash the Hub gave for it (the sha256 of LFS files, the git
+   blob sha1 of the others) before it is used.
+
+With HF_HUB_OFFLINE=1 (or when the Hub cannot be reached) the same pull is answered from the
+cache, still planned and verified. Errors: `RepoNotFound` (missing, private or gated repo, or
+a wrong revision: exit 3), `HubUnreachable` (exit 4), `IntegrityError` (exit 5), and the
+plan's `CheckpointError` (exit 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from linnet.errors import CheckpointError, LinnetError, PickledCheckpoint
+from linnet.weights.safetensors_io import (
+    INDEX_FILE,
+    MAX_HEADER_BYTES,
+    PICKLE_SUFFIXES,
+    SINGLE_FILE,
+    Checkpoint,
+    TensorInfo,
+    _tensor_info,
+)
+
+#: Top-level files fetched besides the weights: configs and tokenizers (no code, no pickles).
+TOKENIZER_FILES = frozenset(
+    {"tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja"}
+)
+#: First bytes asked for when reading a safetensors header (most headers are smaller).
+HEADER_PROBE = 100_000
+#: Files at least this large are hashed once; a marker remembers the result.
+MARK_VERIFIED_FROM = 16 << 20
+
+
+class HubError(LinnetError):
+    exit_code = 1
+
+
+class RepoNotFound(HubError):
+    """Missing, private or gated repo, or a revision the repo does not have."""
+
+    exit_code = 3
+
+
+class HubUnreachable(HubError):
+    """No connection to the Hub (or offline mode) and nothing usable in the cache."""
+
+    exit_code = 4
+
+
+class IntegrityError(HubError):
+    """A downloaded file does not match the hash the Hub gave for it."""
+
+    exit_code = 5
+
+
+class UnpinnedRevision(UserWarning):
+    """A zoo entry without a pinned commit was pulled from its default branch."""
+
+
+@dataclass
+class PullResult:
+    folder: Path
+    repo: str
+    revision: str  # as asked: a branch, tag or commit
+    commit: str
+    files: list[str]
+    downloaded: int  # bytes that were not in the cache before
+    seconds: float
+    plan: object = field(repr=False, default=None)
+    entry: object = field(repr=False, default=None)
+    offline: bool = False
+
+
+# -- where things are ---------------------------------------------------------------------
+
+
+def _constants():
+    from huggingface_hub import constants
+
+    return constants
+
+
+def hub_cache(cache_dir: str | os.PathLike | None = None) -> Path:
+    return Path(cache_dir or os.environ.get("HF_HUB_CACHE") or _constants().HF_HUB_CACHE)
+
+
+def _endpoint(endpoint: str | None) -> str:
+    return (endpoint or os.environ.get("HF_ENDPOINT") or _constants().ENDPOINT).rstrip("/")
+
+
+def _offline() -> bool:
+    return _constants().is_offline_mode()  # HF_HUB_OFFLINE, as huggingface_hub read it
+
+
+def _storage(cache: Path, repo: str) -> Path:
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache / repo_folder_name(repo_id=repo, repo_type="model")
+
+
+def linnet_cache() -> Path:
+    env = os.environ.get("LINNET_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "linnet"
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    return (httpx2.TransportError, OfflineModeIsEnabled)
+
+
+def _status(err: BaseException) -> int | None:
+    response = getattr(err, "response", None)
+    return getattr(response, "status_code", None)
+
+
+@contextlib.contextmanager
+def _hub_errors(api, repo: str, revision: str, endpoint: str):
+    """Turn huggingface_hub's exceptions into Linnet's, with what to do about them.
+
+    The Hub (and olah) answer 401 "repository not found" for missing, private and gated repos
+    and often for a revision the repo lacks: a second look at the default branch tells a
+    missing repo from a wrong revision."""
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
+
+    try:
+        yield
+    except _network_errors() as e:
+        raise HubUnreachable(
+            f"cannot reach the Hub at {endpoint} ({type(e).__name__}: {e}); check the "
+            "connection or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use what is cached"
+        ) from e
+    except GatedRepoError as e:
+        raise RepoNotFound(
+            f"{repo} is gated: accept its license at {endpoint}/{repo} with your account, "
+            "then set HF_TOKEN (or run `hf auth login`)"
+        ) from e
+    except HfHubHTTPError as e:
+        status = _status(e)
+        if revision != "main" and _exists(api, repo, "main"):
+            raise RepoNotFound(
+                f"{repo} has no revision {revision!r} (the repo exists; check the branch, "
+                "tag or commit hash)"
+            ) from e
+        if status is not None and status >= 500:
+            raise HubUnreachable(f"the Hub at {endpoint} failed (HTTP {status}): {e}") from e
+        raise RepoNotFound(
+            f"{repo} not found at {endpoint} (HTTP {status}): the repo does not exist, or it "
+            "is private or gated (set HF_TOKEN to a token that can read it)"
+        ) from e
+
+
+def _exists(api, repo: str, revision: str) -> bool:
+    """Whether `repo` has `revision`. Tried twice: after a 5xx, a server may drop the
+    connection the next request would reuse (olah does)."""
+    for _ in range(2):
+        try:
+            api.repo_info(repo, revision=revision)
+            return True
+        except _network_errors():
+            continue
+        except Exception:
+            return False
+    return False
+
+
+# -- the repo's files ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None  # LFS files
+    blob_id: str | None  # git blob sha1
+
+
+def _remote_files(repo_files) -> dict[str, RemoteFile]:
+    out = {}
+    for f in repo_files:
+        if not hasattr(f, "blob_id"):  # a folder
+            continue
+        lfs = getattr(f, "lfs", None)
+        out[f.path] = RemoteFile(
+            f.path,
+            lfs.size if lfs else f.size,
+            lfs.sha256 if lfs else None,
+            f.blob_id,
+        )
+    return out
+
+
+def weight_files(names: set[str], index: dict | None) -> list[str]:
+    """The safetensors files Linnet loads: the sharded set an index names, or model.safetensors.
+    Pickled weights are never among them."""
+    if index is not None:
+        shards = sorted(set((index.get("weight_map") or {}).values()))
+        missing = [s for s in shards if s not in names]
+        if missing:
+            raise CheckpointError(
+                f"{INDEX_FILE} names shard {missing[0]}, which the repo does not have",
+                file=missing[0],
+            )
+        return shards
+    if SINGLE_FILE in names:
+        return [SINGLE_FILE]
+    pickled = sorted(n for n in names if PurePosixPath(n).suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise PickledCheckpoint(
+            f"the repo has only pickled weights ({', '.join(pickled[:3])}); Linnet never "
+            "unpickles checkpoints. Use a revision or fork with model.safetensors",
+            file=pickled[0],
+        )
+    raise CheckpointError(f"the repo has no {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def wanted_files(names: set[str], index: dict | None) -> list[str]:
+    """Everything a pull fetches: top-level JSON and tokenizer files, and the weights."""
+    top = [n for n in names if "/" not in n]
+    extra = [n for n in top if n.endswith(".json") or n in TOKENIZER_FILES]
+    return sorted(set(extra) | set(weight_files(names, index)))
+
+
+# -- planning from remote headers ---------------------------------------------------------
+
+
+class RemoteCheckpoint:
+    """What `make_plan` needs of a checkpoint (config and headers), from the Hub's metadata."""
+
+    def __init__(self, label: str, config: dict, headers: dict[str, TensorInfo], files):
+        self.folder = label
+        self.config_path = f"{label}/config.json"
+        self.files = [PurePosixPath(f) for f in files]
+        self._config = config
+        self._headers = headers
+
+    def read_config(self) -> dict:
+        return self._config
+
+    def headers(self) -> dict[str, TensorInfo]:
+        return self._headers
+
+
+def _read_prefix(url: str, headers: dict, n: int) -> bytes:
+    """The first `n` bytes of `url`: a ranged GET, streamed and cut short when the server
+    ignores the range (olah does), so a multi-GB file is never read to its end."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    buf = bytearray()
+    with get_session().stream(
+        "GET", url, headers={**headers, "Range": f"bytes=0-{n - 1}"}, follow_redirects=True
+    ) as r:
+        if r.status_code >= 400:
+            r.read()
+            hf_raise_for_status(r)
+        for chunk in r.iter_bytes():
+            buf += chunk
+            if len(buf) >= n:
+                break
+    return bytes(buf[:n])
+
+
+def remote_header(url: str, headers: dict, name: str, size: int) -> dict[str, TensorInfo]:
+    """Parse one safetensors header from the Hub, checking it as `read_header` does locally."""
+    probe = _read_prefix(url, headers, min(HEADER_PROBE, size))
+    if len(probe) < 8:
+        raise CheckpointError(f"{name}: not a safetensors file ({size} bytes)", file=name)
+    (length,) = struct.unpack("<Q", probe[:8])
+    if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
+        raise CheckpointError(
+            f"{name}: corrupt safetensors file: the header claims {length} bytes of {size}",
+            file=name,
+        )
+    raw = probe if len(probe) >= 8 + length else _read_prefix(url, headers, 8 + length)
+    try:
+        header = json.loads(raw[8 : 8 + length].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{name}: corrupt safetensors header: {e}", file=name) from e
+    infos = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        info = _tensor_info(Path(name), key, entry, 8 + length)
+        if info.offsets[1] > size:
+            raise CheckpointError(
+                f"{name}: tensor {key} needs bytes up to {info.offsets[1]} but the file on "
+                f"the Hub holds {size}",
+                tensor=key,
+                file=name,
+            )
+        infos[key] = info
+    return infos
+
+
+def plan_for(ckpt, dtype: str | None = None):
+    """The weights-map plan of a checkpoint (local `Checkpoint` or `RemoteCheckpoint`),
+    as `linnet.loading.plan_checkpoint` makes it for a folder."""
+    from linnet.loading import DEFAULT_MAX_POSITIONS, normalize_dtype, source_for
+    from linnet.weights.manifest import find_manifest
+    from linnet.weights.plan import make_plan
+
+    hf_config = ckpt.read_config()
+    archs = hf_config.get("architectures") or []
+    if not archs:
+        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field")
+    manifest = find_manifest(archs[0])
+    source = source_for(manifest)
+    overrides = manifest.translate_config(hf_config)
+    overrides["act"] = normalize_dtype(dtype) if dtype else overrides.get("act", "f32")
+    overrides["max_positions"] = min(
+        overrides.get("max_positions", DEFAULT_MAX_POSITIONS), DEFAULT_MAX_POSITIONS
+    )
+    config = source.config(overrides)
+    layout = source.params(config)
+    shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
+    return make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
+
+
+# -- verification -------------------------------------------------------------------------
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _marker(blob: Path) -> tuple[Path, str]:
+    st = blob.stat()
+    key = hashlib.sha1(str(blob).encode()).hexdigest()
+    return linnet_cache() / "verified" / key, f"{blob}\t{st.st_size}\t{st.st_mtime_ns}\n"
+
+
+def verify_file(snapshot: Path, name: str, remote: RemoteFile | None) -> None:
+    """Check one cached file against its hash: the cache names each blob by the etag the Hub
+    served (sha256 for LFS files, git sha1 for others), and the listing, when known, says
+    what that hash must be. A mismatch removes the file from the cache."""
+    link = snapshot / name
+    blob = link.resolve()
+    etag = blob.name
+    want_lfs = remote.sha256 if remote else (etag if len(etag) == 64 else None)
+    want_git = remote.blob_id if remote and not remote.sha256 else None
+    if want_git is None and not remote and len(etag) == 40:
+        want_git = etag
+    if want_lfs is None and want_git is None:
+        return  # a hand-placed file: no hash to hold it to
+    if remote and remote.sha256 and etag != remote.sha256 and len(etag) == 64:
+        _reject(link, blob, f"cached under sha256 {etag}, but the Hub lists {remote.sha256}")
+    size = blob.stat().st_size
+    marker, stamp = _marker(blob) if size >= MARK_VERIFIED_FROM else (None, "")
+    if marker is not None and marker.is_file() and marker.read_text() == stamp:
+        return
+    if want_lfs is not None:
+        got = _sha256(blob)
+        if got != want_lfs:
+            _reject(link, blob, f"sha256 {got}, but the Hub's is {want_lfs}")
+    elif _git_blob_sha1(blob) != want_git:
+        _reject(link, blob, f"its git blob hash is not the Hub's {want_git}")
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(stamp)
+
+
+def _reject(link: Path, blob: Path, why: str) -> None:
+    for p in (link, blob):
+        with contextlib.suppress(OSError):
+            p.unlink()
+    raise IntegrityError(
+        f"{link.name}: content does not match the Hub: {why}; removed it from the cache "
+        "(pull again to fetch it anew)"
+    )
+
+
+# -- pull ---------------------------------------------------------------------------------
+
+
+def _blob_sizes(storage: Path) -> dict[str, int]:
+    blobs = storage / "blobs"
+    if not blobs.is_dir():
+        return {}
+    return {p.name: p.stat().st_size for p in blobs.iterdir() if not p.name.endswith(".incomplete")}
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{what}: unreadable: {e}", file=str(path)) from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what}: not a JSON object", file=str(path))
+    return data
+
+
+def _resolve_entry(name: str, registry):
+    """(entry or None, repo) for a zoo name or alias, or an HF repo id."""
+    if registry is None:
+        from linnet.zoo.registry import registry as default_registry
+
+        registry = default_registry()
+    if name in registry:
+        entry = registry.get(name)
+        if not entry.ready:
+            raise HubError(
+                f"{entry.name} is planned, not ready: Linnet has no source for "
+                f"{entry.architecture} yet ({entry.needs})"
+            )
+        return entry, entry.repo
+    if "/" in name:
+        return registry.by_repo(name), name
+    registry.get(name)  # raises UnknownEntry with suggestions
+    raise AssertionError("unreachable")
+
+
+def pull(
+    name: str,
+    *,
+    revision: str | None = None,
+    repo: str | None = None,
+    dtype: str | None = None,
+    endpoint: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    registry=None,
+) -> PullResult:
+    """Pull a zoo entry (or an HF repo id) at its pinned revision into the HF cache.
+
+    revision: a branch, tag or commit instead of the entry's pin; repo: another repo (a
+    mirror or fork) for the entry; dtype: the dtype the plan checks for (default the
+    checkpoint's); endpoint: the Hub (default HF_ENDPOINT); cache_dir: default HF_HUB_CACHE.
+    """
+    t0 = time.perf_counter()
+    entry, default_repo = _resolve_entry(name, registry)
+    repo = repo or default_repo
+    if revision is None and entry is not None and repo == entry.repo:
+        revision = entry.revision
+    if revision is None:
+        if entry is not None:
+            warnings.warn(
+                UnpinnedRevision(
+                    f"{entry.name} has no pinned revision: pulling {repo} at its default branch "
+                    "(run `linnet zoo lock` to pin it)"
+                ),
+                stacklevel=2,
+            )
+        revision = "main"
+    endpoint = _endpoint(endpoint)
+    cache = hub_cache(cache_dir)
+    storage = _storage(cache, repo)
+    before = _blob_sizes(storage)
+    ask = dict(repo=repo, revision=revision, dtype=dtype, endpoint=endpoint, cache=cache)
+
+    offline = _offline()
+    if offline:
+        folder, commit, files, plan = _pull_cached(**ask)
+    else:
+        try:
+            folder, commit, files, plan = _pull_online(**ask, token=token)
+        except HubUnreachable as err:
+            try:
+                folder, commit, files, plan = _pull_cached(**ask)
+            except HubUnreachable:
+                raise err from None
+            offline = True
+    after = _blob_sizes(storage)
+    downloaded = sum(size for blob, size in after.items() if blob not in before)
+    return PullResult(
+        folder=folder,
+        repo=repo,
+        revision=revision,
+        commit=commit,
+        files=files,
+        downloaded=downloaded,
+        seconds=time.perf_counter() - t0,
+        plan=plan,
+        entry=entry,
+        offline=offline,
+    )
+
+
+def _pull_online(*, repo, revision, dtype, endpoint, cache, token):
+    from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
+    from huggingface_hub.utils import build_hf_headers
+
+    api = HfApi(endpoint=endpoint, token=token)
+    with _hub_errors(api, repo, revision, endpoint):
+        commit = api.repo_info(repo, revision=revision).sha
+        remote = _remote_files(api.list_repo_tree(repo, revision=commit, recursive=True))
+
+    def fetch(filename: str) -> Path:
+        with _hub_errors(api, repo, revision, endpoint):
+            return Path(
+                hf_hub_download(
+                    repo, filename, revision=commit, cache_dir=cache, endpoint=endpoint,
+                    token=token,
+                )
+            )  # fmt: skip
+
+    if "config.json" not in remote:
+        raise CheckpointError(f"{repo}@{commit[:12]}: no config.json", file="config.json")
+    config = _read_json(fetch("config.json"), f"{repo}/config.json")
+    index = _read_json(fetch(INDEX_FILE), f"{repo}/{INDEX_FILE}") if INDEX_FILE in remote else None
+    files = wanted_files(set(remote), index)
+    weights = weight_files(set(remote), index)
+
+    # The plan, from the headers alone, before any weight is downloaded.
+    snapshot = _storage(cache, repo) / "snapshots" / commit
+    if all((snapshot / w).is_file() for w in weights):
+        plan = plan_for(Checkpoint(snapshot), dtype)
+    else:
+        auth = build_hf_headers(token=token)
+        headers: dict[str, TensorInfo] = {}
+        with _hub_errors(api, repo, revision, endpoint):
+            for w in weights:
+                url = hf_hub_url(repo, w, revision=commit, endpoint=endpoint)
+                got = remote_header(url, auth, w, remote[w].size)
+                if index is not None:
+                    got = {k: v for k, v in got.items() if index["weight_map"].get(k) == w}
+                headers.update(got)
+        label = f"{repo}@{commit[:12]}"
+        plan = plan_for(RemoteCheckpoint(label, config, headers, weights), dtype)
+    plan.check()
+
+    with _hub_errors(api, repo, revision, endpoint):
+        folder = Path(
+            snapshot_download(
+                repo, revision=commit, allow_patterns=files, cache_dir=cache,
+                endpoint=endpoint, token=token,
+            )
+        )  # fmt: skip
+    for f in files:
+        verify_file(folder, f, remote.get(f))
+    # Remember what the branch or tag pointed at, as hf_hub_download does, so that an
+    # offline pull of the same revision finds this snapshot.
+    from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision
+
+    _cache_commit_hash_for_specific_revision(str(_storage(cache, repo)), revision, commit)
+    return folder, commit, files, plan_for(Checkpoint(folder), dtype).check()
+
+
+def _pull_cached(*, repo, revision, dtype, endpoint, cache):
+    """The same pull from the cache alone: the snapshot must hold every file a pull fetches."""
+    storage = _storage(cache, repo)
+    commit = revision
+    ref = storage / "refs" / revision
+    if ref.is_file():
+        commit = ref.read_text().strip()
+    snapshot = storage / "snapshots" / commit
+    if not snapshot.is_dir():
+        raise HubUnreachable(
+            f"{repo} at {revision} is not in the HF cache ({cache}) and the Hub is not used "
+            "(HF_HUB_OFFLINE is set or the Hub is unreachable): pull it once with the Hub reachable"
+        )
+    # The listing snapshot_download cached (get_cached_repo_tree drops its LFS hashes).
+    from huggingface_hub._tree_cache import read_tree_cache
+
+    listing = read_tree_cache(str(storage), commit) or {}
+    remote = {
+        path: RemoteFile(path, t.lfs_size or t.size, t.lfs_sha256, t.blob_id)
+        for path, t in listing.items()
+    }
+    names = set(remote) or {
+        str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if not p.is_dir()
+    }
+    index = _read_json(snapshot / INDEX_FILE, INDEX_FILE) if INDEX_FILE in names else None
+    files = wanted_files(names, index)
+    missing = [f for f in files if not (snapshot / f).exists()]
+    if missing:
+        raise HubUnreachable(
+            f"{repo} at {revision}: the cached snapshot lacks {', '.join(missing[:3])} and the "
+            "Hub is not used: pull it again with the Hub reachable"
+        )
+    for f in files:
+        verify_file(snapshot, f, remote.get(f))
+    return snapshot, commit, files, plan_for(Checkpoint(snapshot), dtype).check()
+
+
+# -- lock ---------------------------------------------------------------------------------
+
+
+def lock(
+    names=None,
+    *,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    registry=None,
+    revisions_file: Path | None = None,
+) -> dict[str, str]:
+    """Resolve the default branch of every unpinned entry (or those named) to a commit and
+    record it in revisions.toml. Returns {entry name: commit}."""
+    from huggingface_hub import HfApi
+
+    from linnet.zoo import registry as zoo  # the module
+
+    reg = registry or zoo.registry()
+    path = revisions_file or zoo.REVISIONS_FILE
+    endpoint = _endpoint(endpoint)
+    api = HfApi(endpoint=endpoint, token=token)
+    chosen = [reg.get(n) for n in names] if names else [e for e in reg if not e.pinned]
+    done = {}
+    for entry in chosen:
+        with _hub_errors(api, entry.repo, "main", endpoint):
+            commit = api.repo_info(entry.repo, revision="main").sha
+        zoo.write_revision(entry.repo, commit, path)
+        done[entry.name] = commit
+    if reg is zoo.registry():
+        zoo.registry.cache_clear()
+    return done
+
+
+# -- run and parity targets ---------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """A checkpoint folder to run, with the zoo entry it is (when known) and where it came from."""
+
+    folder: Path
+    entry: object = None
+    repo: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+
+def locate(
+    target: str, *, checkpoint: str | os.PathLike | None = None, revision=None, registry=None
+):
+    """A zoo name, an HF repo id or a local folder, as a `Target`. A name is pulled (from the
+    cache when it is there); `checkpoint` pairs a name with a local copy of its weights. A
+    local folder is recognised as a zoo entry when its config.json matches one."""
+    if registry is None:
+        from linnet.zoo.registry import registry as default_registry
+
+        registry = default_registry()
+    path = Path(target).expanduser()
+    if checkpoint is None and path.is_dir():
+        config = _read_json(path / "config.json", f"{path}/config.json")
+        return Target(folder=path, entry=registry.match_config(config))
+    if checkpoint is not None:
+        entry = registry.get(target)
+        return Target(folder=Path(checkpoint).expanduser(), entry=entry, repo=entry.repo)
+    if target not in registry and "/" not in target:
+        registry.get(target)  # UnknownEntry, with suggestions
+    result = pull(target, revision=revision, registry=registry)
+    return Target(result.folder, result.entry, result.repo, result.revision, result.commit)

@@ -1,0 +1,255 @@
+"""The zoo registry: entries.toml (what each model is) and revisions.toml (its pinned commit).
+
+    from linnet.zoo import registry
+    entry = registry().get("smollm2-135m-instruct")
+    entry.repo, entry.revision, entry.tolerance("torch", "bf16")
+
+A ready entry runs on a zoo source through the weights map of its architecture; a planned
+entry is only listed. Nothing here imports torch or huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from linnet.errors import LinnetError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+ENTRIES_FILE = HERE / "entries.toml"
+REVISIONS_FILE = HERE / "revisions.toml"
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+#: Config fields that identify a model's shape: a local folder whose config.json agrees on
+#: all of those an entry states is recognised as that entry.
+SHAPE_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "tie_word_embeddings",
+    "n_embd", "n_layer", "n_head", "n_positions",
+)  # fmt: skip
+
+
+class UnknownEntry(LinnetError):
+    """A name that is neither a zoo entry nor an alias."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Limits on the last-position logits against the reference, for one backend and dtype."""
+
+    max_abs: float  # max |Δ|
+    rel: float  # ‖Δ‖₂ / ‖ref‖₂
+    top5: int  # least overlap of the two top-5 sets
+
+    def text(self) -> str:
+        return f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}, top-5 ≥ {self.top5}/5"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    repo: str
+    architecture: str
+    license: str
+    status: str = "ready"  # or "planned"
+    revision: str | None = None  # a full commit hash, or None: unpinned
+    aliases: tuple[str, ...] = ()
+    reference: str = ""
+    params: str = ""
+    chat: bool = True
+    prompts: tuple[str, ...] = ()
+    backends: tuple[str, ...] = ()
+    tolerances: dict[str, dict[str, Tolerance]] = field(default_factory=dict)
+    own_tolerances: bool = False  # False: inherited from [defaults.tolerances]
+    config: dict[str, Any] = field(default_factory=dict)
+    needs: str = ""  # planned entries: what the compiler still lacks
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    @property
+    def pinned(self) -> bool:
+        return self.revision is not None
+
+    @property
+    def reference_class(self) -> str:
+        """The transformers class name alone ("LlamaForCausalLM")."""
+        return self.reference.rpartition(".")[2]
+
+    def tolerance(self, backend: str, dtype: str) -> Tolerance:
+        try:
+            return self.tolerances[backend][dtype]
+        except KeyError:
+            have = ", ".join(f"{b}/{d}" for b, ds in self.tolerances.items() for d in ds)
+            raise LinnetError(
+                f"zoo entry {self.name} declares no tolerance for backend {backend} in {dtype} "
+                f"(it has {have or 'none'})"
+            ) from None
+
+    def manifest(self):
+        """The weights map of this entry's architecture (and through it the source)."""
+        from linnet.weights.manifest import find_manifest
+
+        return find_manifest(self.architecture)
+
+    def matches(self, hf_config: dict) -> bool:
+        """Whether a config.json describes this entry's model (architecture and shape)."""
+        archs = hf_config.get("architectures") or []
+        if not self.ready or not archs or archs[0] != self.architecture:
+            return False
+        stated = [k for k in SHAPE_FIELDS if k in self.config]
+        return bool(stated) and all(hf_config.get(k) == self.config[k] for k in stated)
+
+
+class Registry:
+    def __init__(self, entries: list[Entry], default_tolerances=None):
+        self.entries = {e.name: e for e in entries}
+        #: [defaults.tolerances]: for a checkpoint that is no entry.
+        self.defaults = Entry("(no entry)", "", "", "", tolerances=default_tolerances or {})
+        self.aliases = {a: e.name for e in entries for a in e.aliases}
+
+    def __iter__(self):
+        return iter(self.entries.values())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries or name in self.aliases
+
+    def get(self, name: str) -> Entry:
+        key = self.aliases.get(name, name)
+        if key in self.entries:
+            return self.entries[key]
+        names = [*self.entries, *self.aliases]
+        close = [n for n in names if name.lower() in n][:3]
+        close = close or difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(close)}?" if close else "; see `linnet zoo list`"
+        raise UnknownEntry(f"{name!r} is not a zoo entry{hint}")
+
+    def ready(self) -> list[Entry]:
+        return [e for e in self if e.ready]
+
+    def planned(self) -> list[Entry]:
+        return [e for e in self if not e.ready]
+
+    def by_repo(self, repo: str) -> Entry | None:
+        return next((e for e in self if e.repo.lower() == repo.lower()), None)
+
+    def match_config(self, hf_config: dict) -> Entry | None:
+        """The ready entry whose architecture and shape a config.json describes, if one does."""
+        found = [e for e in self.ready() if e.matches(hf_config)]
+        return found[0] if len(found) == 1 else None
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise LinnetError(f"{path}: cannot read the zoo registry: {e}") from e
+
+
+def _tolerances(table: dict, where: str) -> dict[str, dict[str, Tolerance]]:
+    out: dict[str, dict[str, Tolerance]] = {}
+    for backend, per_dtype in table.items():
+        for dtype, spec in per_dtype.items():
+            try:
+                tol = Tolerance(float(spec["max_abs"]), float(spec["rel"]), int(spec["top5"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise LinnetError(f"{where}: tolerance {backend}/{dtype}: {e!r}") from e
+            out.setdefault(backend, {})[dtype] = tol
+    return out
+
+
+def read_revisions(path: Path = REVISIONS_FILE) -> dict[str, str]:
+    """repo -> pinned commit hash, from revisions.toml."""
+    if not path.is_file():
+        return {}
+    pins = _read(path)
+    for repo, rev in pins.items():
+        if not isinstance(rev, str) or not COMMIT_RE.fullmatch(rev):
+            raise LinnetError(f"{path}: {repo} = {rev!r} is not a full commit hash")
+    return pins
+
+
+def write_revision(repo: str, revision: str, path: Path = REVISIONS_FILE) -> None:
+    """Record (or replace) the pin of `repo` in revisions.toml, keeping its comments."""
+    if not COMMIT_RE.fullmatch(revision):
+        raise LinnetError(f"{revision!r} is not a full commit hash")
+    line = f'"{repo}" = "{revision}"\n'
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    key = f'"{repo}"'
+    lines = [ln for ln in lines if not ln.startswith(key + " ")]
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    path.write_text("".join(lines) + line, encoding="utf-8")
+
+
+def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE) -> Registry:
+    data = _read(entries)
+    pins = read_revisions(revisions)
+    defaults = data.get("defaults", {})
+    default_tols = _tolerances(defaults.get("tolerances", {}), f"{entries} [defaults]")
+    out: list[Entry] = []
+    for name, spec in data.get("entries", {}).items():
+        where = f"{entries} [entries.{name}]"
+        missing = [k for k in ("repo", "architecture", "license", "reference") if k not in spec]
+        if missing:
+            raise LinnetError(f"{where}: missing {', '.join(missing)}")
+        own = "tolerances" in spec
+        tols = {b: dict(d) for b, d in default_tols.items()}
+        for backend, per in _tolerances(spec.get("tolerances", {}), where).items():
+            tols.setdefault(backend, {}).update(per)
+        chat = bool(spec.get("chat", True))
+        prompts = spec.get("prompts") or (defaults.get("chat_prompts", []) if chat else [])
+        if not prompts:
+            raise LinnetError(f"{where}: no parity prompts")
+        out.append(
+            Entry(
+                name=name,
+                repo=spec["repo"],
+                architecture=spec["architecture"],
+                license=spec["license"],
+                revision=pins.get(spec["repo"]),
+                aliases=tuple(spec.get("aliases", ())),
+                reference=spec["reference"],
+                params=spec.get("params", ""),
+                chat=chat,
+                prompts=tuple(prompts),
+                backends=tuple(spec.get("backends", defaults.get("backends", ()))),
+                tolerances=tols,
+                own_tolerances=own,
+                config=dict(spec.get("config", {})),
+            )
+        )
+    for name, spec in data.get("planned", {}).items():
+        out.append(
+            Entry(
+                name=name,
+                repo=spec["repo"],
+                architecture=spec["architecture"],
+                license=spec["license"],
+                status="planned",
+                revision=pins.get(spec["repo"]),
+                needs=spec.get("needs", ""),
+            )
+        )
+    return Registry(out, default_tols)
+
+
+@lru_cache(maxsize=1)
+def registry() -> Registry:
+    """The registry shipped with Linnet (zoo/entries.toml and zoo/revisions.toml)."""
+    return load_registry()
+
+
+def get(name: str) -> Entry:
+    return registry().get(name)
