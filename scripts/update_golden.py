@@ -1,4 +1,5 @@
-"""Regenerate the print_graph snapshots under tests/golden/ (run after an intended change).
+"""Regenerate the snapshots under tests/golden/ (run after an intended change): the
+printed Core IR of the zoo sources and the generated PyTorch source.
 
 python scripts/update_golden.py          # rewrite every snapshot
 python scripts/update_golden.py --check  # exit 1 if any snapshot is stale
@@ -12,15 +13,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests import test_torch_backend as generated  # noqa: E402
 from tests.test_ir_graphs import GOLDEN, golden_path, golden_text  # noqa: E402
+
+
+def snapshots():
+    """(path, text) of every snapshot."""
+    for variant, entry in GOLDEN:
+        yield golden_path(variant, entry), golden_text(variant, entry)
+    for name in generated.TINY:
+        yield generated.golden_path(name), generated.golden_text(name)
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
-    for variant, entry in GOLDEN:
-        path = golden_path(variant, entry)
-        text = golden_text(variant, entry)
+    for path, text in snapshots():
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
         stale.append(path)

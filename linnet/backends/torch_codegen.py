@@ -171,6 +171,11 @@ def generate(source: Source, config: dict, numerics: str = "equivalent") -> str:
         graph = dedupe_guards(source.lower(config, entry))
         verify(graph)
         graphs[entry] = graph
+    return generate_graphs(source, config, graphs, numerics)
+
+
+def generate_graphs(source: Source, config: dict, graphs: dict, numerics: str) -> str:
+    """The module's text with one method per given graph (e.g. a capture-ready decode)."""
     spell = Spell(numerics=numerics, table_prefix="self.")
     methods = []
     for entry, graph in graphs.items():

@@ -102,6 +102,19 @@ def _update_slice(a, s, x, update):
     return Lines([f"_w = {x}.clone()", f"_w[{index}].copy_({update})"], "_w")
 
 
+def _update_rows(a, s, x, update, positions):
+    axis = a["axis"]
+    index = ", ".join(
+        ":" if i == axis else f"{s.dim(lo)}:{s.dim(Poly.lift(lo) + n)}"
+        for i, (lo, n) in enumerate(zip(a["starts"], a["sizes"]))
+    )
+    if a.get("inplace", False):
+        return Lines([f"{x}[{index}].index_copy_({axis}, {positions}, {update})"], x)
+    return Lines(
+        [f"_w = {x}.clone()", f"_w[{index}].index_copy_({axis}, {positions}, {update})"], "_w"
+    )
+
+
 def _guard(a, s):
     message = f"{a.get('where', '')}: {a['message']}".lstrip(": ")
     lhs, rhs = s.dim(a["lhs"]), s.dim(a["rhs"])
@@ -109,17 +122,18 @@ def _guard(a, s):
     return Lines([f"_guard({lhs}, {rhs}, {message!r}, {texts})"], None)
 
 
-def _rope(a, s, x):
+def _rope(a, s, x, at=None):
     table = s.rope_table(a, a["head_dim"])
     fn = "rope_fast" if s.numerics == "fast" else "rope_ref"
-    return f"{fn}({x}, {table}_cos, {table}_sin, {s.dim(a['offset'])})"
+    offset = at if at is not None else s.dim(a["offset"])  # a positions tensor, or an int
+    return f"{fn}({x}, {table}_cos, {table}_sin, {offset})"
 
 
-def _attention(a, s, q, k, v):
+def _attention(a, s, q, k, v, q_positions=None):
     fn = "attention_fast" if s.numerics == "fast" else "attention_ref"
+    offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
     return (
-        f"{fn}({q}, {k}, {v}, {a['causal']}, {s.dim(a['q_offset'])}, "
-        f"{s.dim(a['window'] or 0)}, {a['scale']!r})"
+        f"{fn}({q}, {k}, {v}, {a['causal']}, {offset}, {s.dim(a['window'] or 0)}, {a['scale']!r})"
     )
 
 
@@ -192,6 +206,7 @@ EMITTERS = {
     "concat": lambda a, s, *xs: f"torch.cat([{', '.join(xs)}], dim={a['axis']})",
     "take": lambda a, s, table, idx: f"{table}[{idx}]",
     "update_slice": _update_slice,
+    "update_rows": _update_rows,
     "guard": _guard,
     # library ops (their decompositions are the reference; see torch_prelude)
     "linear": _linear,
@@ -218,7 +233,7 @@ def emit(node, spell: Spell, inputs: list[str]):
     attrs = dict(node.attrs)
     if node.op == "guard":
         attrs["where"] = node.where
-    elif node.op == "update_slice":
+    elif node.op in ("update_slice", "update_rows"):
         attrs["sizes"] = node.inputs[1].type.shape
     elif node.op == "rope":
         attrs["head_dim"] = node.inputs[0].type.shape[-1].value

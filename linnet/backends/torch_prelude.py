@@ -64,11 +64,21 @@ def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq
     return torch.cos(freqs), torch.sin(freqs)
 
 
+def _positions(offset, seq, device):
+    """Positions offset..offset+seq, or `offset` itself when it is a tensor of positions."""
+    if isinstance(offset, torch.Tensor):
+        return offset
+    return torch.arange(offset, offset + seq, device=device)
+
+
 def rope_ref(x, cos, sin, offset):
-    """Half rotation of x [B, H, S, D] at positions offset..offset+S."""
+    """Half rotation of x [B, H, S, D] at positions offset..offset+S (or a positions tensor)."""
     seq, half = x.shape[2], x.shape[3] // 2
-    c = cos[offset : offset + seq].to(x.dtype)
-    s = sin[offset : offset + seq].to(x.dtype)
+    if isinstance(offset, torch.Tensor):
+        c, s = cos[offset].to(x.dtype), sin[offset].to(x.dtype)
+    else:
+        c = cos[offset : offset + seq].to(x.dtype)
+        s = sin[offset : offset + seq].to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
@@ -81,7 +91,7 @@ def attention_ref(q, k, v, causal, q_offset, window, scale):
     scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
     if causal or window:
-        qpos = torch.arange(q_offset, q_offset + s, device=q.device)[:, None]
+        qpos = _positions(q_offset, s, q.device)[:, None]
         kpos = torch.arange(t, device=q.device)[None, :]
         allowed = kpos <= qpos
         if window:
@@ -106,8 +116,9 @@ def rope_fast(x, cos, sin, offset):
 
 def attention_fast(q, k, v, causal, q_offset, window, scale):
     s, t = q.shape[2], k.shape[2]
-    if window or (causal and s > 1 and t != s):
-        qpos = torch.arange(q_offset, q_offset + s, device=q.device)[:, None]
+    static = isinstance(q_offset, torch.Tensor)  # keys cover the whole cache: mask them
+    if window or static or (causal and s > 1 and t != s):
+        qpos = _positions(q_offset, s, q.device)[:, None]
         kpos = torch.arange(t, device=q.device)[None, :]
         mask = kpos <= qpos
         if window:

@@ -106,7 +106,9 @@ def rope_tables(head_dim: int, positions: int, **spec) -> tuple[np.ndarray, np.n
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq, original_max):
+def rope(
+    b, x, at=None, *, offset, positions, theta, scaling, factor, low_freq, high_freq, original_max
+):
     t = b.type_of(x)
     bsz, heads, seq, dim = t.shape
     half = dim.value // 2
@@ -123,7 +125,10 @@ def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq
     rows = {}
     for name, table in (("cos", cos), ("sin", sin)):
         c = b.add("const", [], value=table, dtype=F32)
-        c = b.add("slice", [c], starts=(offset, Poly.const(0)), stops=(offset + seq, half))
+        if at is None:
+            c = b.add("slice", [c], starts=(offset, Poly.const(0)), stops=(offset + seq, half))
+        else:  # positions as a tensor (CUDA graphs): gather the rows
+            c = b.add("take", [c, at])
         rows[name] = b.add("cast", [c], dtype=t.dtype)  # (S, D/2) broadcasts over B, H
     zero = Poly.const(0)
     x1 = b.add("slice", [x], starts=(zero,) * 4, stops=(bsz, heads, seq, Poly.const(half)))
@@ -135,7 +140,7 @@ def rope(b, x, *, offset, positions, theta, scaling, factor, low_freq, high_freq
     return b.add("concat", [out1, out2], axis=-1)
 
 
-def attention(b, q, k, v, *, causal=True, q_offset=0, window=0, scale=None):
+def attention(b, q, k, v, q_positions=None, *, causal=True, q_offset=0, window=0, scale=None):
     qt, kt = b.type_of(q), b.type_of(k)
     bsz, heads, seq, dim = qt.shape
     kv_heads, keys = kt.shape[1], kt.shape[2]
@@ -150,9 +155,11 @@ def attention(b, q, k, v, *, causal=True, q_offset=0, window=0, scale=None):
     scores = b.add("mul", [scores, _const(b, scale, qt.dtype)])
     scores = b.add("cast", [scores], dtype=F32)
     if causal or window:
+        if q_positions is None:
+            q_positions = b.add("iota", [], length=seq, start=Poly.lift(q_offset), dtype="i64")
         qpos = b.add(
             "reshape",
-            [b.add("iota", [], length=seq, start=Poly.lift(q_offset), dtype="i64")],
+            [q_positions],
             shape=(seq, one),
         )
         kpos = b.add(

@@ -238,6 +238,24 @@ def _update_slice(ins, attrs):
     return x
 
 
+@op(
+    "update_rows",
+    arity=(3, 3),
+    doc="x with `update` written at rows `positions` (a tensor) "
+    "along attrs['axis'], and at attrs['starts'] on the other axes (functional)",
+)
+def _update_rows(ins, attrs):
+    x, upd, positions = ins
+    same_dtype([x, upd], "a state write")
+    if upd.rank != x.rank or positions.rank != 1 or positions.dtype not in INT_DTYPES:
+        raise OpTypeError(
+            "update_rows needs an update of the target's rank and 1-D integer positions",
+            f"{x} and i64[n]",
+            f"{upd} and {positions}",
+        )
+    return x
+
+
 @op("guard", arity=(0, 0), doc="runtime check attrs['lhs'] <= attrs['rhs']; no output")
 def _guard(ins, attrs):
     return None
@@ -296,7 +314,13 @@ op("silu", "library", "x * sigmoid(x)")(_float_unary)
 op("gelu", "library", "gelu, attrs['approx'] = 'none' (erf) or 'tanh'")(_float_unary)
 
 
-@op("rope", "library", "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables)")
+@op(
+    "rope",
+    "library",
+    "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables), "
+    "or at a positions tensor given as a second operand",
+    arity=(1, 2),
+)
 def _rope(ins, attrs):
     x = ins[0]
     require_float(x, "rope")
@@ -311,12 +335,13 @@ def _rope(ins, attrs):
 @op(
     "attention",
     "library",
-    "softmax(q k^T * scale + mask) v with GQA, causal/window masks",
-    arity=(3, 3),
+    "softmax(q k^T * scale + mask) v with GQA, causal/window masks; an optional fourth "
+    "operand gives the query positions as a tensor (instead of q_offset)",
+    arity=(3, 4),
 )
 def _attention(ins, attrs):
-    q, k, v = ins
-    dtype = same_dtype(ins, "attention")
+    q, k, v = ins[:3]
+    dtype = same_dtype(ins[:3], "attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.rank != 4:
             raise OpTypeError(f"attention needs {name} as [B, H, S, D]", "rank 4", str(t))
