@@ -1,0 +1,90 @@
+"""A scaled-down copy of a zoo entry's config, for parity on tiny random weights.
+
+The copy keeps what decides the code path (architecture, GQA ratio, an explicit head_dim
+that differs from hidden / heads, tied head, rope type and its parameters, sliding window,
+norm eps) and shrinks the sizes: 2 layers, head_dim 16, vocab 256, 128 positions. A rope
+scaling's original context shrinks to 32 so that llama3's three frequency bands all occur;
+a sliding window shorter than the context becomes 8, shorter than a parity probe.
+"""
+
+from __future__ import annotations
+
+import copy
+
+MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "GPT2LMHeadModel": "gpt2",
+}
+WINDOWED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM")
+VOCAB = 256
+POSITIONS = 128
+LAYERS = 2
+HEAD_DIM = 16
+MAX_KV = 2
+
+
+def scaled_config(entry) -> dict:
+    """HF config.json fields (with model_type and architectures) of a tiny model shaped like
+    `entry`'s."""
+    cfg = entry.config
+    arch = entry.architecture
+    if arch not in MODEL_TYPES:
+        raise ValueError(f"{entry.name}: no tiny config for {arch}")
+    if arch == "GPT2LMHeadModel":
+        out = {
+            "n_embd": 4 * HEAD_DIM,
+            "n_layer": LAYERS,
+            "n_head": 4,
+            "n_positions": POSITIONS,
+            "layer_norm_epsilon": cfg.get("layer_norm_epsilon", 1e-5),
+        }
+    else:
+        out = _decoder(cfg, arch)
+    out.update(
+        vocab_size=VOCAB,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+        model_type=MODEL_TYPES[arch],
+        architectures=[arch],
+    )
+    return out
+
+
+def _decoder(cfg: dict, arch: str) -> dict:
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    ratio = heads // kv
+    n_kv = min(kv, MAX_KV) if ratio > 1 else 4  # grouped: up to 2 kv heads; MHA: 4 heads
+    n_heads = n_kv * ratio
+    hidden = n_heads * HEAD_DIM
+    out = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "max_position_embeddings": POSITIONS,
+        "rms_norm_eps": cfg.get("rms_norm_eps", 1e-6),
+    }
+    explicit = cfg.get("head_dim")
+    if explicit and explicit != cfg["hidden_size"] // heads:
+        # head_dim is not hidden / heads: keep it so (here twice the implied size).
+        out["head_dim"] = 2 * HEAD_DIM
+    rope = copy.deepcopy(cfg.get("rope_parameters") or {"rope_type": "default"})
+    if "original_max_position_embeddings" in rope:
+        rope["original_max_position_embeddings"] = 32
+    out["rope_parameters"] = rope
+    if "original_max_position_embeddings" in cfg:  # Phi-3
+        out["original_max_position_embeddings"] = POSITIONS
+    window = cfg.get("sliding_window")
+    if window and window < cfg["max_position_embeddings"]:
+        out["sliding_window"] = 8
+    elif arch in WINDOWED:
+        out["sliding_window"] = None  # their config classes default to a window otherwise
+    return out
