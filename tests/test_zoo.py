@@ -1,0 +1,158 @@
+"""The zoo registry: every DESIGN.md entry is listed, ready entries fit their source (the
+config they state gives the parameter count they claim), pins, lookups, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from linnet.zoo.registry import SHAPE_FIELDS, UnknownEntry, registry, write_revision
+from linnet.zoo.scaled import scaled_config
+
+from linnet.cli import main
+from linnet.loading import source_for
+
+DESIGN_NAMES = """llama-3.1-8b qwen3-8b qwen3-4b mistral-7b-instruct-v0.3 phi-3-mini-4k-instruct
+smollm2-1.7b-instruct smollm2-135m-instruct tinyllama-1.1b-chat qwen2.5-0.5b-instruct gpt2
+gpt-oss-20b all-minilm-l6-v2 bert-base-uncased roberta-base modernbert-base resnet-18 resnet-50
+vit-base-16-224 dinov2-base sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
+sd-vae-ft-mse sdxl-base-unet""".split()
+DECODERS = DESIGN_NAMES[:10]
+REVISIONS_TSV = Path(__file__).resolve().parents[2] / "shared" / "research" / "hf-revisions.tsv"
+
+READY = registry().ready()
+
+
+def test_every_design_entry_is_listed_with_its_status():
+    reg = registry()
+    assert sorted(e.name for e in reg) == sorted(DESIGN_NAMES)
+    assert sorted(e.name for e in READY) == sorted(DECODERS)
+    assert all(e.needs for e in reg.planned())
+    assert reg.get("llama-3.1-8b-instruct").name == "llama-3.1-8b"
+
+
+def _source_config(entry):
+    manifest = entry.manifest()
+    hf = {**entry.config, "architectures": [entry.architecture]}
+    fields = manifest.translate_config(hf)
+    fields.update(act="bf16", max_positions=64)
+    source = source_for(manifest)
+    return source, source.config(fields)
+
+
+@pytest.mark.parametrize("entry", READY, ids=lambda e: e.name)
+def test_ready_entry_fits_its_source_and_claims_the_right_size(entry):
+    import transformers
+
+    source, config = _source_config(entry)
+    layout = source.params(config)
+    count = sum(math.prod(d.value for d in t.shape) for t in layout.shapes.values())
+    if entry.architecture == "GPT2LMHeadModel":
+        count += 1024 * 768 - 64 * 768  # learned positions: the source holds max_positions rows
+    claimed = float(entry.params[:-1]) * {"M": 1e6, "B": 1e9}[entry.params[-1]]
+    assert abs(count - claimed) / claimed < 0.03, f"{entry.name}: {count:,} params"
+    assert getattr(transformers, entry.reference_class).__name__ == entry.reference_class
+    assert entry.prompts and entry.license and entry.backends == ("torch",)
+    for dtype in ("f32", "bf16"):
+        tol = entry.tolerance("torch", dtype)
+        assert tol.max_abs > 0 and tol.rel > 0 and 1 <= tol.top5 <= 5
+
+
+def test_pins_are_full_hashes_and_agree_with_the_research_notes():
+    for e in registry():
+        assert e.revision is None or len(e.revision) == 40
+    if not REVISIONS_TSV.is_file():
+        return  # a clone without shared/: the pins are checked for form only
+    for line in REVISIONS_TSV.read_text().splitlines():
+        if line.startswith("#") or line.startswith("hf_repo") or not line.strip():
+            continue
+        repo, rev = line.split("\t")
+        entry = registry().by_repo(repo)
+        assert entry is not None and entry.revision == rev, repo
+
+
+def test_a_config_is_recognised_as_its_entry_only():
+    for e in READY:
+        found = registry().match_config({**e.config, "architectures": [e.architecture]})
+        assert found is e
+    tiny = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64}
+    assert registry().match_config(tiny) is None
+    assert all(k in SHAPE_FIELDS for k in ("hidden_size", "n_embd"))
+
+
+@pytest.mark.parametrize("entry", READY, ids=lambda e: e.name)
+def test_scaled_config_keeps_the_code_path(entry):
+    from transformers import AutoConfig
+
+    small = scaled_config(entry)
+    cfg = AutoConfig.for_model(small["model_type"], **{k: v for k, v in small.items()
+                                                         if k != "model_type"})  # fmt: skip
+    assert cfg.vocab_size == 256 and small["tie_word_embeddings"] == bool(
+        entry.config.get("tie_word_embeddings")
+    )
+    big = entry.config
+    if "num_attention_heads" in big:
+        ratio = big["num_attention_heads"] // big["num_key_value_heads"]
+        assert small["num_attention_heads"] // small["num_key_value_heads"] == ratio
+        explicit = big.get("head_dim", big["hidden_size"] // big["num_attention_heads"])
+        implied = big["hidden_size"] // big["num_attention_heads"]
+        small_hd = small.get("head_dim", small["hidden_size"] // small["num_attention_heads"])
+        small_implied = small["hidden_size"] // small["num_attention_heads"]
+        assert (explicit != implied) == (small_hd != small_implied)
+        assert small["rope_parameters"]["rope_type"] == big["rope_parameters"]["rope_type"]
+        assert bool(small.get("sliding_window")) == bool(big.get("sliding_window"))
+
+
+def test_unknown_names_suggest_close_ones():
+    with pytest.raises(UnknownEntry, match="did you mean qwen3-8b"):
+        registry().get("qwen3-8")
+
+
+def test_write_revision_keeps_comments_and_replaces_a_pin(tmp_path):
+    path = tmp_path / "revisions.toml"
+    path.write_text('# pins\n"a/b" = "' + "1" * 40 + '"\n')
+    write_revision("a/b", "2" * 40, path)
+    write_revision("c/d", "3" * 40, path)
+    assert path.read_text() == f'# pins\n"a/b" = "{"2" * 40}"\n"c/d" = "{"3" * 40}"\n'
+    with pytest.raises(Exception, match="not a full commit hash"):
+        write_revision("a/b", "main", path)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_zoo_list_shows_every_entry_its_status_and_parity(tmp_path):
+    record = {"entry": "gpt2", "weights": "tiny-random", "dtype": "f32", "passed": True}
+    (tmp_path / "gpt2.tiny.torch.f32.json").write_text(json.dumps(record))
+    record = {"entry": "gpt2", "weights": "real", "dtype": "bf16", "passed": False}
+    (tmp_path / "gpt2.real.torch.bf16.json").write_text(json.dumps(record))
+    done = CliRunner().invoke(main, ["zoo", "list", "--results", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    lines = {line.split()[0]: line for line in done.output.splitlines() if line.strip()}
+    assert all(name in lines for name in DESIGN_NAMES)
+    assert "real: bf16 ✕; tiny: f32 ✓" in lines["gpt2"] and "unpinned" in lines["gpt2"]
+    assert "a91318be21ae" in lines["smollm2-135m-instruct"]
+    assert "planned: needs" in lines["whisper-tiny"]
+    assert "10 ready" in done.output and "15 planned" in done.output
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gpt2", "llama-3.1-8b-instruct"])
+def test_zoo_show(name):
+    done = CliRunner().invoke(main, ["zoo", "show", name])
+    assert done.exit_code == 0, done.output
+    for field in ("repo", "revision", "source", "weights map", "reference", "tolerances",
+                  "license", "prompts"):  # fmt: skip
+        assert f"\n{field}" in "\n" + done.output
+    entry = registry().get(name)
+    assert entry.repo in done.output and f"zoo/{entry.manifest().source}.linnet" in done.output
+
+
+def test_zoo_show_unknown():
+    done = CliRunner().invoke(main, ["zoo", "show", "smollm2"])
+    assert (
+        done.exit_code == 1
+        and "did you mean smollm2-135m-instruct or smollm2-1.7b-instruct?" in done.output
+    )
