@@ -345,3 +345,18 @@ def test_cli_run_on_a_pulled_repo_matches_transformers(env, hub):
     want = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert done.stdout.strip() == want.strip() and len(want.split()) >= 1
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_gated_repo_gets_a_message_that_says_what_to_do():
+    """Olah cannot gate a repo; the Hub answers GatedRepoError, which the pull maps so."""
+    import httpx2
+    from huggingface_hub.errors import GatedRepoError
+
+    from linnet.hub import _hub_errors
+
+    request = httpx2.Request("GET", "https://hub.invalid/api/models/org/gated/revision/main")
+    response = httpx2.Response(401, request=request)
+    with pytest.raises(RepoNotFound, match="org/gated is gated: accept its license") as err:
+        with _hub_errors(None, "org/gated", "main", "https://hub.invalid"):
+            raise GatedRepoError("gated", response=response)
+    assert "HF_TOKEN" in str(err.value) and err.value.exit_code == 3
