@@ -367,31 +367,31 @@ def _marker(blob: Path) -> tuple[Path, str]:
     return linnet_cache() / "verified" / key, f"{blob}\t{st.st_size}\t{st.st_mtime_ns}\n"
 
 
+def _expected(etag: str, remote: RemoteFile | None) -> tuple[str, str] | None:
+    """(kind, hash) a cached file must have: from the Hub's listing when known, else from
+    the blob's name (the etag the Hub served: sha256 for LFS files, git sha1 for others)."""
+    if remote is not None:
+        return ("sha256", remote.sha256) if remote.sha256 else ("git", remote.blob_id)
+    if len(etag) in (40, 64):
+        return ("sha256" if len(etag) == 64 else "git", etag)
+    return None  # a hand-placed file: no hash to hold it to
+
+
 def verify_file(snapshot: Path, name: str, remote: RemoteFile | None) -> None:
-    """Check one cached file against its hash: the cache names each blob by the etag the Hub
-    served (sha256 for LFS files, git sha1 for others), and the listing, when known, says
-    what that hash must be. A mismatch removes the file from the cache."""
+    """Check one cached file against the Hub's hash; a mismatch removes it from the cache."""
     link = snapshot / name
     blob = link.resolve()
-    etag = blob.name
-    want_lfs = remote.sha256 if remote else (etag if len(etag) == 64 else None)
-    want_git = remote.blob_id if remote and not remote.sha256 else None
-    if want_git is None and not remote and len(etag) == 40:
-        want_git = etag
-    if want_lfs is None and want_git is None:
-        return  # a hand-placed file: no hash to hold it to
-    if remote and remote.sha256 and etag != remote.sha256 and len(etag) == 64:
-        _reject(link, blob, f"cached under sha256 {etag}, but the Hub lists {remote.sha256}")
+    want = _expected(blob.name, remote)
+    if want is None:
+        return
     size = blob.stat().st_size
     marker, stamp = _marker(blob) if size >= MARK_VERIFIED_FROM else (None, "")
     if marker is not None and marker.is_file() and marker.read_text() == stamp:
         return
-    if want_lfs is not None:
-        got = _sha256(blob)
-        if got != want_lfs:
-            _reject(link, blob, f"sha256 {got}, but the Hub's is {want_lfs}")
-    elif _git_blob_sha1(blob) != want_git:
-        _reject(link, blob, f"its git blob hash is not the Hub's {want_git}")
+    kind, expected = want
+    got = _sha256(blob) if kind == "sha256" else _git_blob_sha1(blob)
+    if got != expected:
+        _reject(link, blob, f"{kind} {got}, but the Hub's is {expected}")
     if marker is not None:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(stamp)

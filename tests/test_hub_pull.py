@@ -202,6 +202,21 @@ def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
         pull("tiny-llama", revision="main", registry=env.registry)  # v2 was never pulled
 
 
+def test_verified_files_are_not_hashed_again(env, monkeypatch):
+    import linnet.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "MARK_VERIFIED_FROM", 0)  # mark every file
+    first = pull("tiny-llama", registry=env.registry)
+    assert len(list((Path(os.environ["LINNET_CACHE"]) / "verified").iterdir())) == len(first.files)
+
+    def rehash(path):
+        raise AssertionError(f"{path} hashed again")
+
+    monkeypatch.setattr(hub_module, "_sha256", rehash)
+    monkeypatch.setattr(hub_module, "_git_blob_sha1", rehash)
+    assert pull("tiny-llama", registry=env.registry).folder == first.folder
+
+
 # -- planning before downloading ------------------------------------------------------------
 
 
