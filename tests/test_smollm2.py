@@ -60,3 +60,18 @@ def test_greedy_continuation_matches_transformers(smollm2, smollm2_checkpoint, c
         )
     got = smollm2.generate(ids, want.shape[1] - ids.shape[1])
     assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
+def test_generated_mode_greedy_matches_transformers(smollm2_checkpoint, chat_prompts, numerics):
+    """The generated-source path on real weights: the same eight greedy tokens."""
+    reference = load_reference(smollm2_checkpoint)
+    model = lt.load(smollm2_checkpoint, dtype="f32", mode="generated", numerics=numerics)
+    for ids in chat_prompts:
+        ids = ids.reshape(1, -1)
+        with torch.no_grad():
+            want = reference.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                max_new_tokens=8, eos_token_id=None, pad_token_id=0,
+            )
+        assert model.generate(ids, 8).tolist() == want.tolist()
