@@ -103,7 +103,6 @@ def load_reference(folder: Path, dtype: str, entry: Entry | None, device: str = 
             f"{folder}: transformers loads it as {type(model).__name__}, but zoo entry "
             f"{entry.name} names {entry.reference} as its reference"
         )
-    torch.set_grad_enabled(False)
     return model
 
 
