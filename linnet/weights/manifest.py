@@ -54,6 +54,39 @@ Inheritance (`base`): the child takes the base's config fields, consts,
 requirements, ignore list, prefix and tensor rules, then overrides: a config
 name the child sets (as a field or a const) replaces the base's entry of that
 name; a child tensor rule replaces every base rule that targets any of its params.
+
+GGUF (read by `linnet.converters.gguf_*`): a rule may name its GGUF tensor, and a
+`[gguf]` table gives llama.cpp's architecture, metadata keys and layout changes:
+
+```toml
+model_type = "llama"                  # config.json `model_type` (not inherited)
+
+[[tensors]]
+hf = "model.layers.{i}.self_attn.q_proj.weight"
+param = "layers.{i}.wq"
+gguf = "blk.{i}.attn_q.weight"        # the rule's params, concatenated along the split
+                                      #   axis in the source's layout (torch's [out, in],
+                                      #   which llama.cpp uses too), then [gguf.transforms]
+
+[gguf]
+arch = "llama"                        # general.architecture
+[gguf.transforms]                     # GGUF tensor pattern -> transforms (source -> GGUF)
+"blk.{i}.attn_q.weight" = [{ rope_permute = "n_heads" }]   # heads: a source config field
+[gguf.metadata]                       # key ({arch} = gguf.arch) -> source config field
+"{arch}.block_count" = "n_layers"                          # u32 unless `type` says otherwise
+"{arch}.rope.freq_base" = { field = "rope_theta", type = "f32" }
+"{arch}.attention.sliding_window" = { field = "window", type = "u32", omit = 0 }
+[gguf.flags]                          # bool config fields read from tensor presence on import
+tied = { absent = "output.weight" }
+[gguf.extra]                          # GGUF tensors computed from the config: a named rule
+"rope_freqs.weight" = "llama3_rope_freqs"
+```
+
+A child's `[gguf]` table merges into its base's: `arch` and `transforms` (as a whole)
+replace the base's; `metadata`, `flags` and `extra` merge key by key (a child value of
+`false` removes the base's key). `rope_permute` is llama.cpp's Q/K permutation: its
+"normal" rope rotates interleaved pairs while HF rotates halves; its inverse undoes it.
+`Manifest.config_to_hf` inverts the config translation (source values -> config.json).
 """
 
 from __future__ import annotations
@@ -200,13 +233,16 @@ class Rule:
     params: tuple[str, ...]
     transforms: tuple[Transform, ...] = ()
     split_axis: int | None = None
+    gguf: str | None = None  # the GGUF tensor name pattern (see the module docstring)
     hf_regex: re.Pattern = field(init=False, repr=False)
     param_regexes: tuple[re.Pattern, ...] = field(init=False, repr=False)
     placeholders: tuple[str, ...] = field(init=False, repr=False)
+    gguf_regex: re.Pattern | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.hf_regex, self.placeholders = _compile(self.hf)
         self.param_regexes = tuple(_compile(p)[0] for p in self.params)
+        self.gguf_regex = _compile(self.gguf)[0] if self.gguf else None
 
     @property
     def text(self) -> str:
@@ -277,6 +313,31 @@ class Rule:
         for t in reversed(self.transforms):
             x = t.invert(x)
         return _contiguous(x)
+
+    def joined(self, parts: list):
+        """Param tensors concatenated along the split axis, in the source's layout (the
+        GGUF tensor before [gguf.transforms])."""
+        return parts[0] if self.split_axis is None else _concat(list(parts), self.split_axis)
+
+    def gguf_name(self, bindings: Mapping[str, str]) -> str | None:
+        return _fill(self.gguf, bindings) if self.gguf else None
+
+    def split(self, x, sizes: list[int] | None = None) -> list:
+        """The inverse of `joined`: split along the split axis (equal parts by default)."""
+        if self.split_axis is None:
+            return [x]
+        ax, n = self.split_axis, len(self.params)
+        if sizes is None:
+            if x.shape[ax] % n:
+                raise ValueError(f"cannot split axis {ax} of size {x.shape[ax]} into {n} parts")
+            sizes = [x.shape[ax] // n] * n
+        if sum(sizes) != x.shape[ax]:
+            raise ValueError(f"split sizes {sizes} do not add up to {x.shape[ax]}")
+        out, start = [], 0
+        for s in sizes:
+            out.append(x[(slice(None),) * ax + (slice(start, start + s),)])
+            start += s
+        return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -402,6 +463,172 @@ class Requirement:
 
 
 # ----------------------------------------------------------------------------------------
+# GGUF: llama.cpp's names, metadata keys and layout changes
+
+
+def rope_permute(x, n_head: int):
+    """llama.cpp's Q/K row permutation (`LlamaModel.permute` in convert_hf_to_gguf.py):
+    within each head, rows [first half; second half] become interleaved pairs, so that
+    llama.cpp's "normal" rope (pairs 2j, 2j+1) equals HF's half rotation (j, j + d/2).
+    x: [n_head * head_dim, ...] (a weight or a bias)."""
+    rows = x.shape[0]
+    if rows % (2 * n_head):
+        raise ValueError(f"rope_permute: {rows} rows do not split into {n_head} heads of pairs")
+    rest = tuple(x.shape[1:])
+    y = x.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2)
+    return _contiguous(y.reshape(rows, *rest))
+
+
+def rope_unpermute(x, n_head: int):
+    """The inverse of `rope_permute`."""
+    rows = x.shape[0]
+    if rows % (2 * n_head):
+        raise ValueError(f"rope_permute: {rows} rows do not split into {n_head} heads of pairs")
+    rest = tuple(x.shape[1:])
+    y = x.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2)
+    return _contiguous(y.reshape(rows, *rest))
+
+
+@dataclass(frozen=True)
+class GgufTransform:
+    """A source -> GGUF tensor transform: `rope_permute` with the head count taken from a
+    source config field."""
+
+    kind: str
+    field: str
+
+    def apply(self, x, config: Mapping):
+        return rope_permute(x, int(config[self.field]))
+
+    def invert(self, x, config: Mapping):
+        return rope_unpermute(x, int(config[self.field]))
+
+
+GGUF_TYPES = ("u32", "i32", "f32", "bool", "str")
+
+
+@dataclass(frozen=True)
+class GgufKey:
+    """One metadata key: the source config field it holds, its GGUF type, and a value
+    (`omit`) that is not written (None never is)."""
+
+    field: str
+    type: str = "u32"
+    omit: Any = _MISSING
+
+
+@dataclass(frozen=True)
+class GgufFlag:
+    """A bool config field that GGUF import reads from whether `tensor` is present."""
+
+    tensor: str
+    present: bool  # the field is true when the tensor is present (else: when it is absent)
+
+
+@dataclass
+class GgufSpec:
+    arch: str
+    transforms: dict[str, tuple[GgufTransform, ...]] = field(default_factory=dict)
+    metadata: dict[str, GgufKey] = field(default_factory=dict)
+    flags: dict[str, GgufFlag] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+    _transform_regexes: list = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._transform_regexes = [(_compile(k)[0], v) for k, v in self.transforms.items()]
+
+    def key(self, pattern: str) -> str:
+        return pattern.replace("{arch}", self.arch)
+
+    def transforms_for(self, name: str) -> tuple[GgufTransform, ...]:
+        for regex, ts in self._transform_regexes:
+            if regex.fullmatch(name):
+                return ts
+        return ()
+
+
+def _parse_gguf(path: Path, spec: Any, base: GgufSpec | None) -> GgufSpec | None:
+    if spec is None:
+        return base
+    if not isinstance(spec, dict):
+        raise _fail(path, "[gguf] must be a table")
+    unknown = set(spec) - {"arch", "transforms", "metadata", "flags", "extra"}
+    if unknown:
+        raise _fail(path, f"[gguf]: unknown keys {sorted(unknown)}")
+    arch = spec.get("arch", base.arch if base else None)
+    if not isinstance(arch, str):
+        raise _fail(path, '[gguf]: missing arch = "..."')
+
+    transforms = dict(base.transforms) if base else {}
+    if "transforms" in spec:
+        transforms = {}
+        for name, ts in spec["transforms"].items():
+            parsed = []
+            for t in ts if isinstance(ts, list) else [ts]:
+                if not (isinstance(t, dict) and set(t) == {"rope_permute"}):
+                    raise _fail(path, f"gguf.transforms.{name}: expected {{ rope_permute = F }}")
+                parsed.append(GgufTransform("rope_permute", str(t["rope_permute"])))
+            transforms[name] = tuple(parsed)
+
+    def merged(table: str, parse) -> dict:
+        out = dict(getattr(base, table)) if base else {}
+        for k, v in spec.get(table, {}).items():
+            if v is False:
+                out.pop(k, None)
+            else:
+                out[k] = parse(k, v)
+        return out
+
+    def parse_key(k: str, v: Any) -> GgufKey:
+        if isinstance(v, str):
+            return GgufKey(v)
+        if isinstance(v, dict) and isinstance(v.get("field"), str):
+            if set(v) - {"field", "type", "omit"} or v.get("type", "u32") not in GGUF_TYPES:
+                raise _fail(path, f"gguf.metadata.{k}: {{ field, type ({GGUF_TYPES}), omit }}")
+            return GgufKey(v["field"], v.get("type", "u32"), v.get("omit", _MISSING))
+        raise _fail(path, f'gguf.metadata.{k}: expected "field" or {{ field = ... }}')
+
+    def parse_flag(k: str, v: Any) -> GgufFlag:
+        if isinstance(v, dict) and len(v) == 1 and set(v) <= {"present", "absent"}:
+            ((how, tensor),) = v.items()
+            return GgufFlag(str(tensor), how == "present")
+        raise _fail(path, f'gguf.flags.{k}: expected {{ present = "..." }} or {{ absent = "..." }}')
+
+    def parse_extra(k: str, v: Any) -> str:
+        if not isinstance(v, str):
+            raise _fail(path, f"gguf.extra.{k}: expected the name of a rule")
+        return v
+
+    return GgufSpec(
+        arch=arch,
+        transforms=transforms,
+        metadata=merged("metadata", parse_key),
+        flags=merged("flags", parse_flag),
+        extra=merged("extra", parse_extra),
+    )
+
+
+def _set_path(config: dict, path: str, value: Any) -> None:
+    keys = path.split(".")
+    node = config
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def layer_types_window_to_hf(config: dict, value: Any) -> None:
+    """The inverse of `layer_types_window`: one window for every layer, or none."""
+    config["use_sliding_window"] = bool(value)
+    config["sliding_window"] = int(value) if value else None
+    config["max_window_layers"] = 0
+
+
+COMPUTED_TO_HF: dict[str, Callable[[dict, Any], None]] = {
+    "layer_types_window": layer_types_window_to_hf,
+}
+
+
+# ----------------------------------------------------------------------------------------
 # The manifest
 
 
@@ -416,6 +643,8 @@ class Manifest:
     const: dict[str, Any]
     require: list[Requirement]
     hf_prefix: str = ""
+    model_type: str = ""
+    gguf: GgufSpec | None = None
     _ignore_regexes: list[re.Pattern] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -554,11 +783,167 @@ class Manifest:
             )
         return out
 
+    # GGUF ----------------------------------------------------------------------------
+
+    def groups(self, params) -> list[tuple[Rule, dict[str, str]]]:
+        """(rule, bindings) for every HF tensor that `params` (names) make, in rule order;
+        a param no rule covers, or a fused tensor with a part missing, is an error."""
+        out: list[tuple[Rule, dict[str, str]]] = []
+        used: set[str] = set()
+        names = list(params)
+        for rule in self.rules:
+            seen: list[dict[str, str]] = []
+            for p in names:
+                for regex in rule.param_regexes:
+                    m = regex.fullmatch(p)
+                    if m:
+                        if m.groupdict() not in seen:
+                            seen.append(m.groupdict())
+                        break
+            for bindings in sorted(seen, key=lambda b: [int(v) for v in b.values()]):
+                targets = rule.targets(bindings)
+                missing = [t for t in targets if t not in params]
+                if missing:
+                    name = rule.hf_name(bindings)
+                    raise CheckpointError(
+                        f"tensor {name} needs params {', '.join(targets)}; "
+                        f"missing {', '.join(missing)}",
+                        tensor=name,
+                    )
+                out.append((rule, bindings))
+                used.update(targets)
+        stray = [p for p in names if p not in used]
+        if stray:
+            raise CheckpointError(
+                f"param {stray[0]} has no rule in {self.path.name}", tensor=stray[0]
+            )
+        return out
+
+    def _need_gguf(self) -> GgufSpec:
+        if self.gguf is None:
+            raise UnsupportedArchitecture(
+                f"{self.architecture}: {self.path.name} has no [gguf] table, so no GGUF names"
+            )
+        return self.gguf
+
+    def match_gguf(self, name: str) -> tuple[Rule, dict[str, str]] | None:
+        """The rule (and bindings) whose GGUF pattern matches tensor `name`, or None."""
+        for rule in self.rules:
+            if rule.gguf_regex is not None:
+                m = rule.gguf_regex.fullmatch(name)
+                if m:
+                    return rule, m.groupdict()
+        return None
+
+    def gguf_tensor(self, rule: Rule, bindings: Mapping[str, str], parts: list, config: Mapping):
+        """Params of one rule -> (GGUF name, GGUF tensor)."""
+        spec = self._need_gguf()
+        name = rule.gguf_name(bindings)
+        if name is None:
+            raise CheckpointError(
+                f"{self.path.name}: tensor {rule.hf_name(bindings)} has no GGUF name",
+                tensor=rule.hf_name(bindings),
+            )
+        x = rule.joined(parts)
+        for t in spec.transforms_for(name):
+            x = t.apply(x, config)
+        return name, _contiguous(x)
+
+    def params_from_gguf(
+        self, rule: Rule, bindings: Mapping[str, str], x, config: Mapping, sizes=None
+    ) -> list:
+        """One GGUF tensor -> the rule's params (the inverse of `gguf_tensor`)."""
+        spec = self._need_gguf()
+        for t in reversed(spec.transforms_for(rule.gguf_name(bindings))):
+            x = t.invert(x, config)
+        return [_contiguous(p) for p in rule.split(x, sizes)]
+
+    def to_gguf(self, params: Mapping[str, Any], config: Mapping) -> dict[str, Any]:
+        """Source params -> GGUF-named tensors (extra computed tensors not included)."""
+        out = {}
+        for rule, bindings in self.groups(params):
+            parts = [params[t] for t in rule.targets(bindings)]
+            name, x = self.gguf_tensor(rule, bindings, parts, config)
+            out[name] = x
+        return out
+
+    def from_gguf(
+        self,
+        tensors: Mapping[str, Any],
+        config: Mapping,
+        param_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> dict[str, Any]:
+        """GGUF-named tensors -> source params; names in [gguf.extra] are skipped."""
+        spec = self._need_gguf()
+        out: dict[str, Any] = {}
+        for name, x in tensors.items():
+            if name in spec.extra:
+                continue
+            found = self.match_gguf(name)
+            if found is None:
+                raise CheckpointError(
+                    f"GGUF tensor {name}: no rule of {self.path.name} maps it", tensor=name
+                )
+            rule, bindings = found
+            targets = rule.targets(bindings)
+            sizes = None
+            if rule.split_axis is not None and param_shapes is not None:
+                sizes = [param_shapes[t][rule.split_axis] for t in targets]
+            try:
+                parts = self.params_from_gguf(rule, bindings, x, config, sizes)
+            except ValueError as e:
+                raise CheckpointError(f"GGUF tensor {name}: {e}", tensor=name) from e
+            out.update(zip(targets, parts, strict=True))
+        return out
+
+    def config_to_hf(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Source config values -> a config.json dict that `translate_config` reads back to
+        the same values (fields the manifest does not name are left out)."""
+        if not self.model_type:
+            raise ConfigError(f"{self.path.name}: no model_type, so no config.json can be made")
+        out: dict[str, Any] = {"architectures": [self.architecture], "model_type": self.model_type}
+        for req in self.require:
+            _set_path(out, req.paths[0], req.allowed[0])
+        for name, spec in self.fields.items():
+            if name in self.const:
+                continue
+            if name not in values:
+                if spec.map is not None and spec.default is not _MISSING and spec.paths:
+                    _set_path(out, spec.paths[0], spec.default)  # e.g. rope_type "default"
+                continue
+            value = values[name]
+            if spec.compute is not None:
+                COMPUTED_TO_HF[spec.compute](out, value)
+                continue
+            if value is None or not spec.paths:
+                continue
+            if spec.null is not _MISSING and _same(value, spec.null):
+                value = None
+            elif spec.map is not None:
+                keys = [k for k, v in spec.map.items() if _same(v, value)]
+                if not keys:
+                    raise ConfigError(
+                        f"{name} = {value!r} has no config.json value in {self.path.name}"
+                    )
+                value = keys[0]
+            _set_path(out, spec.paths[0], value)
+        return out
+
 
 # ----------------------------------------------------------------------------------------
 # Loading
 
-_TOP_KEYS = {"architecture", "source", "base", "hf_prefix", "ignore", "config", "tensors"}
+_TOP_KEYS = {
+    "architecture",
+    "source",
+    "base",
+    "hf_prefix",
+    "ignore",
+    "config",
+    "tensors",
+    "model_type",
+    "gguf",
+}
 
 
 def _fail(path: Path, msg: str) -> ConfigError:
@@ -630,7 +1015,7 @@ def _parse_rule(path: Path, i: int, spec: Any) -> Rule:
     where = f"{path}: tensors[{i}]"
     if not isinstance(spec, dict) or not isinstance(spec.get("hf"), str):
         raise ConfigError(f'{where}: each [[tensors]] entry needs hf = "..."')
-    unknown = set(spec) - {"hf", "param", "split", "transforms"}
+    unknown = set(spec) - {"hf", "param", "split", "transforms", "gguf"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     if ("param" in spec) == ("split" in spec):
@@ -652,7 +1037,10 @@ def _parse_rule(path: Path, i: int, spec: Any) -> Rule:
     if not all(isinstance(p, str) for p in params):
         raise ConfigError(f"{where}: param names must be strings")
     transforms = tuple(_parse_transform(t, where) for t in spec.get("transforms", []))
-    rule = Rule(spec["hf"], params, transforms, split_axis)
+    gguf = spec.get("gguf")
+    if gguf is not None and not isinstance(gguf, str):
+        raise ConfigError(f'{where}: gguf = "..." must be a tensor name')
+    rule = Rule(spec["hf"], params, transforms, split_axis, gguf)
     for p in params:
         extra = set(_compile(p)[1]) - set(rule.placeholders)
         if extra:
@@ -728,6 +1116,8 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
         const=dict(const),
         require=requirements,
         hf_prefix=prefix,
+        model_type=str(data.get("model_type", "")),
+        gguf=_parse_gguf(path, data.get("gguf"), base.gguf if base else None),
     )
 
 
