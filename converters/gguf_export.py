@@ -1,0 +1,178 @@
+"""GGUF export with the gguf package's writer: llama.cpp's names, metadata and tokenizer.
+
+Two passes over a `Weights` stream. The first needs shapes only: each group's GGUF name
+and tensor shape (the weights map's `gguf = ...` and `[gguf]` table), its GGUF type,
+the architecture's metadata (`[gguf.metadata]`), the tokenizer and chat template, and
+the extra tensors computed from the config (`[gguf.extra]`). With every tensor's info
+declared, `GGUFWriter` writes the header, key/values and tensor infos; then each group
+is read, joined and permuted (`Manifest.gguf_tensor`), converted and written, one at a
+time. The file is written under a temporary name and renamed at the end.
+
+Types follow llama.cpp's converter: 1-D tensors (norms, biases) stay F32; `q8_0`
+quantizes 2-D tensors whose rows are whole blocks of 32 (others fall back to F16), with
+the gguf package's quantizer (bit-exact with ggml's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from linnet.converters.gguf_names import (
+    add_metadata,
+    add_tokenizer,
+    extra_rule,
+    metadata_values,
+)
+from linnet.converters.weights_io import Group, Weights, cast, normalize_dtype
+
+from linnet.atomic import atomic_path
+from linnet.errors import UnsupportedArchitecture
+
+GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+ROW_BLOCK = 1 << 22  # elements quantized per call
+
+
+def _types():
+    from gguf import GGMLQuantizationType as Q
+    from gguf import LlamaFileType as F
+
+    qtypes = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+    ftypes = {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "q8_0": F.MOSTLY_Q8_0}
+    return qtypes, ftypes
+
+
+@dataclass
+class Item:
+    name: str
+    shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
+    kind: str  # f32 / f16 / bf16 / q8_0
+    group: Group | None = None
+    data: np.ndarray | None = None  # extra tensors, computed up front (small)
+
+    @property
+    def nbytes(self) -> int:
+        n = int(np.prod(self.shape, dtype=np.int64))
+        if self.kind == "q8_0":
+            return n // 32 * 34
+        return n * {"f32": 4, "f16": 2, "bf16": 2}[self.kind]
+
+
+def tensor_kind(shape: tuple[int, ...], dtype: str) -> str:
+    if len(shape) < 2 or dtype == "f32":
+        return "f32"
+    if dtype == "q8_0":
+        return "q8_0" if shape[-1] % 32 == 0 else "f16"
+    return dtype
+
+
+def encode(x: np.ndarray, kind: str) -> np.ndarray:
+    """A tensor (f32/f16/bf16 bits) in GGUF type `kind`: an array whose bytes are written."""
+    if kind != "q8_0":
+        return np.ascontiguousarray(cast(x, kind))
+    from gguf import GGMLQuantizationType, quants
+
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty((rows.shape[0], rows.shape[1] // 32 * 34), np.uint8)
+    step = max(1, ROW_BLOCK // rows.shape[1])
+    for r in range(0, rows.shape[0], step):
+        out[r : r + step] = quants.quantize(
+            cast(rows[r : r + step], "f32"), GGMLQuantizationType.Q8_0
+        )
+    return out
+
+
+def plan_items(weights: Weights, dtype: str) -> list[Item]:
+    manifest = weights.manifest
+    spec = manifest.gguf
+    items = []
+    for g in weights.groups:
+        name = g.rule.gguf_name(g.bindings)
+        if name is None:
+            raise UnsupportedArchitecture(
+                f"{manifest.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
+            )
+        shape = g.joined_shape
+        items.append(Item(name, shape, tensor_kind(shape, dtype), group=g))
+    for name, rule_name in spec.extra.items():
+        x, _ = extra_rule(rule_name, manifest.path.name).export(weights.config)
+        if x is not None:
+            items.append(Item(name, tuple(x.shape), "f32", data=x.astype(np.float32)))
+    return items
+
+
+def model_name(weights: Weights) -> str:
+    name = weights.hf_config.get("_name_or_path") or weights.hf_config.get("_model_name_or_path")
+    return str(name or Path(weights.origin).name or weights.manifest.architecture)
+
+
+def export_gguf(
+    weights: Weights,
+    out_path: str | Path,
+    *,
+    dtype: str = "f16",
+    tokenizer: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+    extra_metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write `weights` as one GGUF file; returns its path."""
+    import gguf
+    from tqdm.auto import tqdm
+
+    manifest = weights.manifest
+    if manifest.gguf is None:
+        raise UnsupportedArchitecture(
+            f"{manifest.architecture}: {manifest.path.name} has no [gguf] table "
+            "(no llama.cpp names)"
+        )
+    dtype = normalize_dtype(dtype, GGUF_DTYPES)
+    out_path = Path(out_path)
+    qtypes, ftypes = _types()
+    spec, config = manifest.gguf, weights.config
+    items = plan_items(weights, dtype)
+
+    writer = gguf.GGUFWriter(path=None, arch=spec.arch)
+    writer.add_type("model")
+    writer.add_name(model_name(weights))
+    writer.add_file_type(int(ftypes[dtype]))
+    if dtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_metadata(writer, metadata_values(spec, config))
+    for rule_name in spec.extra.values():
+        add_metadata(writer, extra_rule(rule_name, manifest.path.name).export(config)[1])
+    add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
+    for key, value in (extra_metadata or {}).items():
+        writer.add_string(key, str(value))
+    for it in items:
+        writer.add_tensor_info(
+            it.name, it.shape, np.dtype(np.float32), it.nbytes, raw_dtype=qtypes[it.kind]
+        )
+
+    total = sum(it.nbytes for it in items)
+    with atomic_path(out_path, overwrite=overwrite) as tmp:
+        try:
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            with tqdm(
+                total=total, unit="B", unit_scale=True, desc=out_path.name, disable=not progress
+            ) as bar:
+                for it in items:
+                    if it.data is not None:
+                        data = encode(it.data, it.kind)
+                    else:
+                        g = it.group
+                        parts = weights.read(g)
+                        _, x = manifest.gguf_tensor(g.rule, g.bindings, parts, config)
+                        del parts
+                        data = encode(x, it.kind)
+                        del x
+                    writer.write_tensor_data(data)
+                    bar.update(it.nbytes)
+                    del data
+        finally:
+            writer.close()
+    return out_path

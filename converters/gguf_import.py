@@ -1,0 +1,274 @@
+"""GGUF import: a llama.cpp file as a `Weights` stream, and as a loaded Linnet model.
+
+The architecture's weights map is chosen by `general.architecture` (the manifests whose
+`[gguf] arch` names it; when several share one, as Llama and Mistral share "llama", the
+one that understands every metadata key the file has, and of those the one with fewest
+keys). The source config comes from the metadata (`[gguf.metadata]`), from which tensors
+are present (`[gguf.flags]`: tied head, biases) and from computed tensors
+(`[gguf.extra]`: llama3 rope). It is written out as a config.json (`config_to_hf`) and
+read back through the same translation an HF folder takes, so both paths agree.
+
+Each GGUF tensor is checked against the source's params (name, shape) before any data is
+read; then tensors are dequantized one at a time with the gguf package (F32, F16, BF16,
+Q8_0, Q4_0, Q4_1, and every other type it knows), un-permuted
+(`Manifest.params_from_gguf`) and split into params.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from linnet.converters.gguf_names import config_from_metadata, extra_rule, special_token_ids
+from linnet.converters.weights_io import (
+    HF_NAMES,
+    Group,
+    Weights,
+    full_config,
+    normalize_dtype,
+    ordered,
+)
+
+from linnet.errors import CheckpointError, UnsupportedArchitecture
+from linnet.weights.manifest import Manifest, all_manifests, load_manifest
+
+# Large tokenizer arrays are left out of the key/values a Weights keeps.
+_BULKY = {
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+}
+_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}
+
+
+def open_reader(path: str | Path):
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file", file=str(path))
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct errors, ...
+        raise CheckpointError(f"{path}: not a readable GGUF file: {e}", file=str(path)) from e
+
+
+def read_fields(reader) -> dict[str, Any]:
+    out = {}
+    for key, f in reader.fields.items():
+        if key in _BULKY or key.startswith("GGUF."):
+            continue
+        out[key] = f.contents()
+    return out
+
+
+def choose_manifest(arch: str, fields: dict[str, Any]) -> Manifest:
+    candidates = []
+    for path in all_manifests().values():
+        m = load_manifest(path)
+        if m.gguf is not None and m.gguf.arch == arch:
+            candidates.append(m)
+    if not candidates:
+        known = sorted(
+            {m.gguf.arch for m in map(load_manifest, all_manifests().values()) if m.gguf}
+        )
+        raise UnsupportedArchitecture(
+            f"GGUF architecture {arch!r} has no weights map; supported: {', '.join(known)}"
+        )
+    declared = {m.gguf.key(k) for m in candidates for k in m.gguf.metadata}
+    present = declared & set(fields)
+    fits = [m for m in candidates if present <= {m.gguf.key(k) for k in m.gguf.metadata}]
+    if not fits:
+        raise UnsupportedArchitecture(
+            f"GGUF {arch}: no weights map understands all of {sorted(present)}"
+        )
+    return min(fits, key=lambda m: (len(m.gguf.metadata), m.architecture))
+
+
+def tensor_data(t) -> np.ndarray:
+    """One GGUF tensor in numpy order: float types as they are (BF16 as uint16 bits),
+    quantized types dequantized to f32."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if t.tensor_type in (Q.F32, Q.F16):
+        return np.array(t.data).reshape(shape)
+    if t.tensor_type == Q.BF16:
+        return np.array(t.data).view(np.uint16).reshape(shape)
+    return quants.dequantize(t.data, t.tensor_type).reshape(shape)
+
+
+def _dtype_of(t) -> str:
+    from gguf import GGMLQuantizationType as Q
+
+    return {Q.F16: "f16", Q.BF16: "bf16"}.get(t.tensor_type, "f32")
+
+
+def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
+    """A GGUF file as a `Weights` stream (source config from its metadata)."""
+    from linnet.loading import source_for
+
+    path = Path(path)
+    reader = open_reader(path)
+    fields = read_fields(reader)
+    arch = fields.get("general.architecture")
+    if not isinstance(arch, str):
+        raise CheckpointError(f"{path}: no general.architecture key", file=str(path))
+    manifest = choose_manifest(arch, fields)
+    spec = manifest.gguf
+    tensors = {t.name: t for t in reader.tensors}
+
+    values = config_from_metadata(spec, fields)
+    for name, flag in spec.flags.items():
+        values[name] = (flag.tensor in tensors) == flag.present
+    for name, rule_name in spec.extra.items():
+        if name in tensors:
+            rule = extra_rule(rule_name, manifest.path.name)
+            values.update(rule.read(tensor_data(tensors[name]), fields))
+    stored = _FILE_TYPES.get(int(fields.get("general.file_type", -1)), "f32")
+    act = normalize_dtype(act) if act is not None else "f32"
+
+    hf_config = manifest.config_to_hf(values)
+    hf_config.update(special_token_ids(fields))
+    hf_config["dtype"] = HF_NAMES[stored]
+    back = manifest.translate_config(hf_config)
+    for k, v in values.items():
+        if k in back and back[k] != v:
+            raise AssertionError(f"config round trip: {k} = {v!r} came back as {back[k]!r}")
+
+    source = source_for(manifest)
+    config = full_config(source, manifest, hf_config, act)
+    layout = source.params(config)
+    shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
+    groups = _groups(path, manifest, tensors, shapes, layout.tied)
+
+    def read(g: Group) -> list[np.ndarray]:
+        x = tensor_data(g.key)
+        return manifest.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
+
+    return Weights(
+        manifest=manifest,
+        source=source,
+        config=config,
+        hf_config=hf_config,
+        dtype=stored,
+        groups=ordered(manifest, groups),
+        reader=read,
+        gguf_metadata=fields,
+        origin=str(path),
+    )
+
+
+def _groups(path: Path, manifest: Manifest, tensors: dict, shapes: dict, tied: dict) -> list:
+    spec = manifest.gguf
+    groups: list[Group] = []
+    covered: set[str] = set()
+    for name, t in tensors.items():
+        if name in spec.extra:
+            continue
+        found = manifest.match_gguf(name)
+        if found is None:
+            raise CheckpointError(
+                f"{path}: GGUF tensor {name}: {manifest.path.name} maps no param to it",
+                tensor=name,
+            )
+        rule, bindings = found
+        targets = rule.targets(bindings)
+        if all(p in tied for p in targets):
+            continue  # a tied head stored anyway
+        unknown = [p for p in targets if p not in shapes]
+        if unknown:
+            raise CheckpointError(
+                f"{path}: GGUF tensor {name} maps to {', '.join(unknown)}, which the "
+                f"{manifest.source} source does not have for this config",
+                tensor=name,
+            )
+        g = Group(rule, bindings, targets, tuple(shapes[p] for p in targets),
+                  rule.hf_name(bindings), t, _dtype_of(t))  # fmt: skip
+        have = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if have != g.joined_shape:
+            raise CheckpointError(
+                f"{path}: GGUF tensor {name} has shape {list(have)}, expected "
+                f"{list(g.joined_shape)} (for {', '.join(targets)})",
+                tensor=name,
+            )
+        covered.update(targets)
+        groups.append(g)
+    missing = sorted(set(shapes) - covered - set(tied))
+    if missing:
+        found = manifest.rule_for_param(missing[0])
+        gname = found[0].gguf_name(found[1]) if found else None
+        raise CheckpointError(
+            f"{path}: missing GGUF tensor {gname or '?'} (for param {missing[0]})"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
+            tensor=gname,
+        )
+    return groups
+
+
+def load(
+    path: str | Path,
+    *,
+    dtype=None,
+    device="cpu",
+    numerics: str = "equivalent",
+    max_positions: int | None = None,
+):
+    """A GGUF file as a Linnet model on PyTorch (dequantized; default dtype f32)."""
+    import torch
+    from linnet.converters.weights_io import to_torch
+
+    from linnet.loading import DEFAULT_MAX_POSITIONS
+    from linnet.runtime import TorchModel
+
+    w = weights_from_gguf(path, act=dtype)
+    overrides = w.manifest.translate_config(w.hf_config)
+    overrides["act"] = w.config["act"]
+    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
+    overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+    config = w.source.config(overrides)
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[
+        config["act"]
+    ]
+    params = {}
+    for g in w.groups:
+        for name, x in zip(g.params, w.read(g), strict=True):
+            params[name] = to_torch(x, torch_dtype).to(device)
+    model = TorchModel(
+        w.source, config, params, device=device, numerics=numerics, hf_config=w.hf_config
+    )
+    model.gguf_metadata = w.gguf_metadata
+    model.origin = w.origin
+    return model
+
+
+def plan_text(path: str | Path) -> str:
+    """`linnet plan` for a GGUF file: metadata, config, and each tensor's params."""
+    w = weights_from_gguf(path)
+    lines = [
+        f"gguf          {w.gguf_metadata.get('general.architecture')} -> "
+        f"{w.manifest.architecture}  (weights map {w.manifest.path.name})",
+        f"source        {w.manifest.source}",
+        "config        " + " ".join(f"{k}={v}" for k, v in w.config.items()),
+        "",
+    ]
+    rows = [("GGUF tensor", "shape", "type", "transform", "params")]
+    for g in w.groups:
+        t = g.key
+        ts = w.manifest.gguf.transforms_for(t.name)
+        steps = [f"rope_unpermute({x.field})" for x in ts]
+        if g.rule.split_axis is not None:
+            steps.append(f"split[{g.rule.split_axis}]")
+        shape = "[" + ", ".join(str(int(d)) for d in reversed(t.shape.tolist())) + "]"
+        rows.append(
+            (t.name, shape, t.tensor_type.name, " → ".join(steps) or "-", ", ".join(g.params))
+        )
+    widths = [max(len(r[k]) for r in rows) for k in range(4)]
+    for r in rows:
+        lines.append("  ".join(c.ljust(wd) for c, wd in zip(r[:4], widths)) + "  " + r[4])
+    lines.append("")
+    lines.append(f"{len(w.groups)} tensors -> {sum(len(g.params) for g in w.groups)} params")
+    return "\n".join(lines)

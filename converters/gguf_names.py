@@ -1,0 +1,319 @@
+"""What a GGUF file needs beyond the weights map's names: typed metadata values, the named
+rules of `[gguf.extra]`, and the tokenizer (`tokenizer.ggml.*`, chat template).
+
+Tensor names, metadata keys and the Q/K permutation live in the weights maps
+(`weights_maps/*.toml`, `[gguf]` and each rule's `gguf = ...`). This module holds only
+what is not per architecture:
+
+* `metadata_values(spec, config)`: the `[gguf.metadata]` keys with their values and types;
+  `config_from_metadata` reads them back.
+* `EXTRA`: named rules for tensors computed from the config (`llama3_rope_freqs`).
+* `add_tokenizer(writer, folder, n_vocab)`: a byte-level BPE tokenizer (GPT-2 style:
+  SmolLM2, Llama 3, Qwen2, GPT-2) as llama.cpp's "gpt2" vocab. The pre-tokenizer name is
+  chosen by what `tokenizer.json` says its pre-tokenizer does (`PRE_TOKENIZERS`), not by
+  hashing encodings of a test string; the tests check the result by behaviour (llama.cpp
+  tokenizes prompts to the ids transformers gives). Merges, special-token ids, add-BOS/EOS
+  flags and the chat template come from the gguf package's `SpecialVocab`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linnet.errors import ConfigError, LinnetError
+from linnet.weights.manifest import _MISSING, GgufSpec
+
+# ----------------------------------------------------------------------------------------
+# Metadata values
+
+
+def _coerce(value: Any, type_: str, key: str) -> Any:
+    if type_ in ("u32", "i32"):
+        if isinstance(value, bool) or float(value) != int(value):
+            raise ConfigError(f"GGUF key {key}: {value!r} is not an integer")
+        return int(value)
+    if type_ == "f32":
+        return float(value)
+    if type_ == "bool":
+        return bool(value)
+    return str(value)
+
+
+def metadata_values(spec: GgufSpec, config: Mapping) -> list[tuple[str, Any, str]]:
+    """(key, value, type) for every `[gguf.metadata]` key whose field has a value."""
+    out = []
+    for pattern, k in spec.metadata.items():
+        value = config.get(k.field)
+        if value is None or (k.omit is not _MISSING and value == k.omit):
+            continue
+        key = spec.key(pattern)
+        out.append((key, _coerce(value, k.type, key), k.type))
+    return out
+
+
+def config_from_metadata(spec: GgufSpec, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Source config values from a GGUF file's key/values (keys the map names)."""
+    out: dict[str, Any] = {}
+    for pattern, k in spec.metadata.items():
+        key = spec.key(pattern)
+        if key in fields:
+            out[k.field] = decode(fields[key], k.type)
+    return out
+
+
+def decode(value: Any, type_: str) -> Any:
+    """A metadata value as config.json would hold it: an f32 becomes the shortest decimal
+    that rounds to it (1e-05, not 9.999999747378752e-06), so HF -> GGUF -> HF keeps it."""
+    if type_ in ("u32", "i32"):
+        return int(value)
+    if type_ == "f32":
+        return float(str(np.float32(value)))
+    return value
+
+
+def add_metadata(writer, items: list[tuple[str, Any, str]]) -> None:
+    from gguf import GGUFValueType as T
+
+    types = {"u32": T.UINT32, "i32": T.INT32, "f32": T.FLOAT32, "bool": T.BOOL, "str": T.STRING}
+    for key, value, type_ in items:
+        writer.add_key_value(key, value, types[type_])
+
+
+# ----------------------------------------------------------------------------------------
+# [gguf.extra]: tensors computed from the config
+
+
+@dataclass(frozen=True)
+class ExtraRule:
+    """`export(config)` -> (tensor or None, metadata items); `read(tensor, fields)` ->
+    config values (fields: the file's key/values)."""
+
+    export: Callable[[Mapping], tuple[np.ndarray | None, list[tuple[str, Any, str]]]]
+    read: Callable[[np.ndarray, Mapping], dict[str, Any]]
+
+
+LLAMA3_KEYS = {
+    "linnet.rope.factor": ("rope_factor", "f32"),
+    "linnet.rope.low_freq_factor": ("rope_low_freq", "f32"),
+    "linnet.rope.high_freq_factor": ("rope_high_freq", "f32"),
+    "linnet.rope.original_context_length": ("rope_original_max", "u32"),
+}
+
+
+def llama3_factors(
+    theta: float, head_dim: int, factor: float, low: float, high: float, original: int
+) -> np.ndarray:
+    """llama.cpp's rope_freqs for llama3 rope: the divisor of each frequency
+    (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_wavelen, high_wavelen = original / low, original / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _llama3_export(config: Mapping):
+    if config.get("rope_scaling") != "llama3":
+        return None, []
+    x = llama3_factors(
+        float(config["rope_theta"]),
+        int(config["head_dim"]),
+        float(config["rope_factor"]),
+        float(config["rope_low_freq"]),
+        float(config["rope_high_freq"]),
+        int(config["rope_original_max"]),
+    )
+    items = [(k, _coerce(config[f], t, k), t) for k, (f, t) in LLAMA3_KEYS.items()]
+    return x, items
+
+
+def _llama3_read(x: np.ndarray, fields: Mapping) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_scaling": "llama3"}
+    if all(k in fields for k in LLAMA3_KEYS):
+        for k, (f, t) in LLAMA3_KEYS.items():
+            out[f] = decode(fields[k], t)
+        return out
+    # A file from another converter: Llama 3.1's parameters, checked against the tensor.
+    arch = fields.get("general.architecture", "llama")
+    theta = float(fields.get(f"{arch}.rope.freq_base", 10000.0))
+    head_dim = 2 * int(x.shape[0])
+    guess = {"rope_factor": float(np.max(x)), "rope_low_freq": 1.0, "rope_high_freq": 4.0}
+    guess["rope_original_max"] = 8192
+    want = llama3_factors(theta, head_dim, *guess.values())
+    if not np.allclose(want, x, rtol=1e-5):
+        raise LinnetError(
+            "rope_freqs.weight holds llama3-style divisors whose parameters this file does "
+            "not record (no linnet.rope.* keys) and that are not Llama 3.1's"
+        )
+    return out | guess
+
+
+EXTRA: dict[str, ExtraRule] = {
+    "llama3_rope_freqs": ExtraRule(_llama3_export, _llama3_read),
+}
+
+
+def extra_rule(name: str, where: str) -> ExtraRule:
+    if name not in EXTRA:
+        raise ConfigError(
+            f"{where}: unknown [gguf.extra] rule {name!r} (known: {', '.join(EXTRA)})"
+        )
+    return EXTRA[name]
+
+
+# ----------------------------------------------------------------------------------------
+# Tokenizer
+
+# The regex HF's ByteLevel pre-tokenizer applies when use_regex is true (GPT-2's).
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+#: What tokenizer.json's pre-tokenizer does (as steps) -> llama.cpp's `tokenizer.ggml.pre`,
+#: whose regexes (llama-vocab.cpp) split text the same way.
+PRE_TOKENIZERS: dict[tuple, str] = {
+    (("regex", GPT2_REGEX),): "gpt-2",
+    (("digits",), ("regex", GPT2_REGEX)): "smollm",  # \p{N}, then GPT-2's regex
+    (("regex", LLAMA3_REGEX),): "llama-bpe",
+    (("regex", QWEN2_REGEX),): "qwen2",
+}
+
+
+def _pre_steps(pre: Any) -> tuple:
+    """tokenizer.json's pre_tokenizer as a tuple of splitting steps."""
+    if pre is None:
+        return ()
+    kind = pre.get("type")
+    if kind == "Sequence":
+        return tuple(s for p in pre.get("pretokenizers", []) for s in _pre_steps(p))
+    if kind == "ByteLevel":
+        return (("regex", GPT2_REGEX),) if pre.get("use_regex", True) else ()
+    if kind == "Digits":
+        return (("digits",),) if pre.get("individual_digits") else (("regex", r"\p{N}+"),)
+    if kind == "Split":
+        pattern = pre.get("pattern", {})
+        regex = pattern.get("Regex", re.escape(pattern.get("String", "")))
+        if pre.get("behavior") == "Isolated" and not pre.get("invert"):
+            return (("regex", regex),)
+    return (("unknown", json.dumps(pre, sort_keys=True)),)
+
+
+def pre_tokenizer_name(tokenizer_json: Mapping) -> str:
+    steps = _pre_steps(tokenizer_json.get("pre_tokenizer"))
+    name = PRE_TOKENIZERS.get(steps)
+    normalizer = tokenizer_json.get("normalizer")
+    if normalizer is not None and not (name == "qwen2" and normalizer.get("type") == "NFC"):
+        name = None
+    if name is None:
+        raise LinnetError(
+            "tokenizer.json: no llama.cpp pre-tokenizer is known to split text as this one "
+            f"does (pre_tokenizer {json.dumps(tokenizer_json.get('pre_tokenizer'))[:200]}, "
+            f"normalizer {json.dumps(normalizer)[:80]}); known: "
+            f"{', '.join(PRE_TOKENIZERS.values())}. Export without the tokenizer "
+            "(tokenizer=False, --no-tokenizer) to skip it"
+        )
+    return name
+
+
+def _looks_special(token: str) -> bool:
+    return bool(re.fullmatch(r"<\|.*\|>|<unused[0-9]+>", token))
+
+
+def bpe_vocab(tokenizer_json: Mapping, n_vocab: int) -> tuple[list[str], list[int]]:
+    """Tokens and token types (llama.cpp's) for ids 0..n_vocab-1: added special tokens are
+    CONTROL, other added tokens USER_DEFINED, ids the tokenizer lacks `[PADi]` UNUSED."""
+    from gguf import TokenType
+
+    reverse = {i: t for t, i in tokenizer_json["model"]["vocab"].items()}
+    added = {a["id"]: a for a in tokenizer_json.get("added_tokens", [])}
+    for i, a in added.items():
+        reverse[i] = a["content"]
+    top = max(reverse, default=-1)
+    if top >= n_vocab:
+        raise LinnetError(
+            f"tokenizer.json has token id {top} but the model's vocabulary has {n_vocab} rows"
+        )
+    tokens, types = [], []
+    for i in range(n_vocab):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(TokenType.UNUSED))
+        elif i in added:
+            a = added[i]
+            tokens.append(a["content"])
+            special = a.get("special") or _looks_special(a["content"])
+            types.append(int(TokenType.CONTROL if special else TokenType.USER_DEFINED))
+        else:
+            tokens.append(reverse[i])
+            types.append(int(TokenType.NORMAL))
+    return tokens, types
+
+
+def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
+    """Write the `tokenizer.ggml.*` keys and the chat template; returns the tokenizer model
+    written ("gpt2", or "none" when there is no tokenizer: llama.cpp then takes ids only)."""
+    import gguf
+
+    tj_path = folder / "tokenizer.json" if folder is not None else None
+    if tj_path is None or not tj_path.is_file():
+        if folder is not None and (folder / "tokenizer.model").is_file():
+            raise LinnetError(
+                f"{folder}: a sentencepiece tokenizer.model without tokenizer.json; GGUF "
+                "export reads tokenizer.json (export with --no-tokenizer to skip it)"
+            )
+        writer.add_tokenizer_model("none")
+        return "none"
+    tj = json.loads(tj_path.read_text(encoding="utf-8"))
+    model = tj.get("model", {})
+    byte_level = model.get("type") == "BPE" and not model.get("byte_fallback")
+    if not byte_level or (tj.get("decoder") or {}).get("type") != "ByteLevel":
+        raise LinnetError(
+            f"{tj_path}: GGUF export writes byte-level BPE tokenizers (GPT-2 style) so far; "
+            f"this one is {model.get('type')} (byte_fallback={model.get('byte_fallback')}). "
+            "Export with --no-tokenizer to skip it"
+        )
+    tokens, types = bpe_vocab(tj, n_vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre_tokenizer_name(tj))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
+    if not special.merges:
+        raise LinnetError(f"{tj_path}: a BPE tokenizer without merges")
+    special.add_special_token.setdefault("bos", False)
+    special.add_special_token.setdefault("eos", False)
+    special.add_to_gguf(writer, quiet=True)
+    return "gpt2"
+
+
+def special_token_ids(fields: Mapping[str, Any]) -> dict[str, int]:
+    """bos/eos/pad/unk token ids from a GGUF file's key/values, as config.json names them."""
+    out = {}
+    names = {"bos": "bos", "eos": "eos", "pad": "padding", "unk": "unknown"}
+    for kind, gguf_kind in names.items():
+        key = f"tokenizer.ggml.{gguf_kind}_token_id"
+        if key in fields:
+            out[f"{kind}_token_id"] = int(fields[key])
+    return out

@@ -1,0 +1,213 @@
+"""HF export: sharded safetensors named exactly as the original, with its config and tokenizer.
+
+Two passes over a `Weights` stream. The first plans from shapes alone: every HF tensor's
+name (as the source checkpoint spells it), shape, dtype and byte size, and the shards
+(greedy, in layer order, each at most `max_shard_size`; one shard is `model.safetensors`,
+more get `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`). The
+second writes each shard's header, then streams its tensors: read one group, invert the
+weights map's transforms (`Rule.inverse`), cast, write, drop. The folder is built under
+a temporary name and renamed at the end.
+
+Beside the weights: `config.json` (the original, with `dtype` set to what was written),
+`generation_config.json` (copied, or made from the config's token ids), and the
+tokenizer and chat-template files (copied from the source folder; for a GGUF source,
+rebuilt by transformers from the GGUF's tokenizer metadata when it is installed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from linnet.converters.weights_io import (
+    HF_NAMES,
+    NP_DTYPES,
+    ST_NAMES,
+    TOKENIZER_DIRS,
+    TOKENIZER_FILES,
+    Group,
+    Weights,
+    cast,
+    normalize_dtype,
+)
+
+from linnet.atomic import atomic_path
+from linnet.errors import ConfigError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in "5GB" (10^9, as transformers counts), "500MiB" (2^20) or a plain int."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(size))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ConfigError(f"max_shard_size {size!r}: expected e.g. 5GB, 500MB or 2GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+@dataclass
+class Entry:
+    group: Group
+    name: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def plan_shards(weights: Weights, dtype: str, max_bytes: int) -> list[list[Entry]]:
+    """Entries grouped into shards: in stream order, a new shard when the next tensor
+    would push the current one past `max_bytes` (a tensor bigger than that gets its own)."""
+    size = NP_DTYPES[dtype].itemsize
+    shards: list[list[Entry]] = [[]]
+    used = 0
+    for g in weights.groups:
+        shape = g.hf_shape
+        nbytes = int(np.prod(shape, dtype=np.int64)) * size
+        if shards[-1] and used + nbytes > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(Entry(g, g.hf_name, shape, nbytes))
+        used += nbytes
+    return shards
+
+
+def _header(entries: list[Entry], dtype: str) -> bytes:
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for e in entries:
+        header[e.name] = {
+            "dtype": ST_NAMES[dtype],
+            "shape": list(e.shape),
+            "data_offsets": [offset, offset + e.nbytes],
+        }
+        offset += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_shard(path: Path, weights: Weights, entries: list[Entry], dtype: str, bar) -> None:
+    with open(path, "wb") as f:
+        f.write(_header(entries, dtype))
+        for e in entries:
+            parts = weights.read(e.group)
+            x = cast(np.ascontiguousarray(e.group.rule.inverse(parts)), dtype)
+            del parts
+            if tuple(x.shape) != e.shape or x.nbytes != e.nbytes:
+                raise AssertionError(f"{e.name}: planned {e.shape}, got {x.shape}")
+            x.tofile(f)
+            del x
+            bar.update(e.nbytes)
+
+
+def shard_names(n: int) -> list[str]:
+    if n == 1:
+        return [SINGLE]
+    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+def hf_config_for(weights: Weights, dtype: str) -> dict:
+    cfg = copy.deepcopy(weights.hf_config)
+    cfg.pop("quantization_config", None)
+    keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
+    for k in keys:
+        cfg[k] = HF_NAMES[dtype]
+    return cfg
+
+
+def generation_config_for(weights: Weights) -> dict:
+    out: dict = {"_from_model_config": True}
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if weights.hf_config.get(k) is not None:
+            out[k] = weights.hf_config[k]
+    return out
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    for name in TOKENIZER_DIRS:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, dst / name)
+            copied.append(name + "/")
+    return copied
+
+
+def tokenizer_from_gguf(gguf_path: Path, dst: Path) -> list[str]:
+    """transformers' GGUF tokenizer conversion, saved as HF tokenizer files."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        print("warning: transformers is not installed: no tokenizer files", file=sys.stderr)
+        return []
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    return [Path(f).name for f in tok.save_pretrained(dst)]
+
+
+def export_hf(
+    weights: Weights,
+    out_dir: str | Path,
+    *,
+    dtype=None,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write `weights` as an HF checkpoint folder `out_dir`; returns its path."""
+    from tqdm.auto import tqdm
+
+    dtype = normalize_dtype(dtype) if dtype is not None else weights.dtype
+    out_dir = Path(out_dir)
+    shards = plan_shards(weights, dtype, parse_size(max_shard_size))
+    names = shard_names(len(shards))
+    total = sum(e.nbytes for s in shards for e in s)
+    with atomic_path(out_dir, is_dir=True, overwrite=overwrite) as tmp:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc=out_dir.name, disable=not progress
+        ) as bar:
+            for name, entries in zip(names, shards, strict=True):
+                write_shard(tmp / name, weights, entries, dtype, bar)
+        if len(shards) > 1:
+            index = {
+                "metadata": {
+                    "total_parameters": weights.total_numel,
+                    "total_size": total,
+                },
+                "weight_map": {e.name: n for n, s in zip(names, shards) for e in s},
+            }
+            (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(
+            json.dumps(hf_config_for(weights, dtype), indent=2, sort_keys=True) + "\n"
+        )
+        src = weights.tokenizer_dir
+        if src is not None and (src / "generation_config.json").is_file():
+            shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
+        else:
+            (tmp / "generation_config.json").write_text(
+                json.dumps(generation_config_for(weights), indent=2, sort_keys=True) + "\n"
+            )
+        if src is not None:
+            copy_tokenizer(src, tmp)
+        elif (weights.gguf_metadata or {}).get("tokenizer.ggml.model") not in (
+            None,
+            "none",
+            "no_vocab",
+        ):
+            tokenizer_from_gguf(Path(weights.origin), tmp)
+        for f in tmp.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
+    return out_dir

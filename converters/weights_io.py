@@ -1,0 +1,390 @@
+"""Weights as a stream of groups, for the exporters: numpy only, one HF tensor at a time.
+
+A `Weights` holds what every writer needs and no tensor data: the weights map, the
+source and its config (context length uncapped), the original `config.json`, where
+the tokenizer lives, and `groups`: one entry per weights-map rule instance (one HF
+tensor, one GGUF tensor), with its params' names and shapes. `read(group)` returns
+that group's params in the source's layout as numpy arrays; writers call it once per
+group, in order, and drop the arrays before the next, so peak memory stays near the
+largest tensor.
+
+Three origins build a `Weights`: `from_folder` (an HF checkpoint folder, read with
+plain file reads at the header's offsets: no torch, no mmap, so the resident set does
+not grow with the checkpoint), `from_model` (a loaded `TorchModel`), and
+`converters.gguf_import.weights_from_gguf` (a GGUF file, dequantized per tensor).
+
+numpy has no bfloat16: a bf16 array here is its raw bits in a `uint16` array (no model
+holds real uint16 tensors). `cast` converts between f32, f16 and bf16 in row chunks,
+rounding to nearest even like torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linnet.errors import CheckpointError, ConfigError
+from linnet.weights.manifest import Manifest, Rule
+
+DTYPES = ("f32", "f16", "bf16")
+NP_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+ST_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}  # safetensors dtype names
+ST_DTYPES = {v: k for k, v in ST_NAMES.items()}
+HF_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}  # config.json `dtype`
+DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "fp32": "f32"}
+CHUNK_ELEMENTS = 1 << 22  # rows are converted in blocks of about this many elements
+
+# Tokenizer and chat-template files an HF export copies from the source folder.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+TOKENIZER_DIRS = ("additional_chat_templates",)
+
+
+def dtype_name(x) -> str:
+    """f32 / f16 / bf16 for a numpy array (bf16: uint16 bits)."""
+    for name, dt in NP_DTYPES.items():
+        if x.dtype == dt:
+            return name
+    raise TypeError(f"not a float tensor Linnet exports: {x.dtype}")
+
+
+def normalize_dtype(dtype: Any, allowed: tuple[str, ...] = DTYPES) -> str:
+    name = str(dtype).removeprefix("torch.").lower()
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in allowed:
+        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(allowed)}")
+    return name
+
+
+# ----------------------------------------------------------------------------------------
+# Casting (numpy, bit-exact with torch's conversions)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        rounded[nan] = 0x7FC0  # torch's NaN
+    return rounded
+
+
+def _bf16_to_f32(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.uint32) << 16).view(np.float32)
+
+
+def _cast_block(x: np.ndarray, src: str, dst: str) -> np.ndarray:
+    if src == "bf16":
+        x = _bf16_to_f32(x)
+    if dst == "bf16":
+        return _f32_to_bf16(x)
+    with np.errstate(over="ignore"):  # out of f16 range: inf, as torch gives
+        return x.astype(NP_DTYPES[dst])
+
+
+def cast(x: np.ndarray, dtype: str) -> np.ndarray:
+    """`x` (f32, f16 or bf16 bits) as `dtype`, converted in row blocks (a new array unless
+    the dtype already matches)."""
+    src = dtype_name(x)
+    if src == dtype:
+        return x
+    if x.ndim < 2 or x.size <= CHUNK_ELEMENTS:
+        return _cast_block(x, src, dtype).reshape(x.shape)
+    out = np.empty(x.shape, NP_DTYPES[dtype])
+    step = max(1, CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
+    for r in range(0, x.shape[0], step):
+        out[r : r + step] = _cast_block(x[r : r + step], src, dtype)
+    return out
+
+
+def from_torch(t) -> np.ndarray:
+    """A torch tensor as a numpy array (bf16 as uint16 bits; no copy on CPU)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    if t.dtype not in (torch.float32, torch.float16):
+        t = t.float()
+    return t.contiguous().numpy()
+
+
+def to_torch(x: np.ndarray, torch_dtype=None):
+    """A numpy array (bf16 as uint16 bits) as a torch tensor, cast to `torch_dtype`."""
+    import torch
+
+    x = np.ascontiguousarray(x)
+    if x.dtype == np.uint16:
+        t = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(x)
+    return t if torch_dtype is None else t.to(torch_dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Groups
+
+
+@dataclass
+class Group:
+    """One rule instance: one HF tensor (and one GGUF tensor) and the params it holds."""
+
+    rule: Rule
+    bindings: dict[str, str]
+    params: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]  # the params' shapes
+    hf_name: str  # as the original checkpoint names it (prefix or not)
+    key: Any = None  # how the origin finds the data (an HF name, a GGUF tensor)
+    dtype: str = "f32"  # the dtype `read` returns
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        return self.rule.hf_shape(list(self.shapes))
+
+    @property
+    def joined_shape(self) -> tuple[int, ...]:
+        """The shape of the params concatenated along the split axis (the GGUF tensor)."""
+        if self.rule.split_axis is None:
+            return self.shapes[0]
+        ax = self.rule.split_axis
+        first = self.shapes[0]
+        return tuple(sum(s[ax] for s in self.shapes) if k == ax else d for k, d in enumerate(first))
+
+    @property
+    def sizes(self) -> list[int] | None:
+        if self.rule.split_axis is None:
+            return None
+        return [s[self.rule.split_axis] for s in self.shapes]
+
+    @property
+    def numel(self) -> int:
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    @property
+    def layer(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.bindings.values())
+
+
+@dataclass
+class Weights:
+    manifest: Manifest
+    source: Any  # linnet.source.Source
+    config: dict  # the source config, max_positions uncapped (what config.json says)
+    hf_config: dict
+    dtype: str  # the stored dtype: what an HF export writes by default
+    groups: list[Group]
+    reader: Callable[[Group], list[np.ndarray]]
+    tokenizer_dir: Path | None = None  # a folder with tokenizer files, if any
+    gguf_metadata: dict | None = None  # when read from a GGUF file: its key/values
+    origin: str = ""  # a path or a description, for messages and model cards
+    close: Callable[[], None] = field(default=lambda: None)
+
+    def read(self, group: Group) -> list[np.ndarray]:
+        """The group's params in the source's layout (numpy; bf16 as uint16 bits)."""
+        return self.reader(group)
+
+    def __iter__(self) -> Iterator[tuple[Group, list[np.ndarray]]]:
+        for g in self.groups:
+            yield g, self.read(g)
+
+    @property
+    def total_numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    @property
+    def largest_numel(self) -> int:
+        return max((g.numel for g in self.groups), default=0)
+
+
+def full_config(source, manifest: Manifest, hf_config: dict, act: str) -> dict:
+    """The source config of `hf_config` with the context length config.json gives (the
+    loader caps the cache it allocates; metadata must carry the real value)."""
+    overrides = manifest.translate_config(hf_config)
+    overrides["act"] = act
+    return source.config(overrides)
+
+
+def ordered(manifest: Manifest, groups: list[Group]) -> list[Group]:
+    """Layer order, as llama.cpp's converter writes: the globals the weights map lists
+    before its first per-layer rule, then each layer's tensors in rule order, then the
+    remaining globals (final norm, head)."""
+    index = {id(r): k for k, r in enumerate(manifest.rules)}
+    first_layer = min((index[id(g.rule)] for g in groups if g.layer), default=0)
+
+    def key(g: Group) -> tuple:
+        k = index[id(g.rule)]
+        phase = 1 if g.layer else (0 if k < first_layer else 2)
+        return (phase, g.layer, k)
+
+    return sorted(groups, key=key)
+
+
+# ----------------------------------------------------------------------------------------
+# Origins
+
+
+def _read_tensor(info) -> np.ndarray:
+    """One safetensors tensor with a plain read at its offsets (no mmap)."""
+    dtype = ST_DTYPES.get(info.dtype)
+    if dtype is None:
+        raise CheckpointError(
+            f"tensor {info.name} has dtype {info.dtype}; exports read F32, F16 or BF16",
+            tensor=info.name,
+        )
+    count = int(np.prod(info.shape, dtype=np.int64))
+    with open(info.file, "rb") as f:
+        f.seek(info.offsets[0])
+        x = np.fromfile(f, dtype=NP_DTYPES[dtype], count=count)
+    if x.size != count:
+        raise CheckpointError(f"{info.file}: truncated at tensor {info.name}", tensor=info.name)
+    return x.reshape(info.shape)
+
+
+def from_folder(path: str | Path) -> Weights:
+    """An HF checkpoint folder, planned from headers (every problem is raised first)."""
+    from linnet.loading import plan_checkpoint
+
+    plan, source, config, hf_config = plan_checkpoint(path)
+    plan.check()
+    manifest = plan.manifest
+    headers = plan.checkpoint.headers()
+    groups, dtypes = [], set()
+    for row in plan.rows:
+        if not row.loads:
+            continue
+        rule, bindings = manifest.match(row.hf)
+        dtype = ST_DTYPES[row.dtype]
+        dtypes.add(dtype)
+        shapes = tuple(plan.params[p] for p in row.params)
+        groups.append(Group(rule, bindings, row.params, shapes, row.hf, row.hf, dtype))
+
+    def reader(g: Group) -> list[np.ndarray]:
+        x = _read_tensor(headers[g.key])
+        return g.rule.forward(x, g.sizes)
+
+    stored = dtypes.pop() if len(dtypes) == 1 else "f32"
+    folder = Path(path)
+    return Weights(
+        manifest=manifest,
+        source=source,
+        config=full_config(source, manifest, hf_config, config["act"]),
+        hf_config=hf_config,
+        dtype=stored,
+        groups=ordered(manifest, groups),
+        reader=reader,
+        tokenizer_dir=folder if _has_tokenizer(folder) else None,
+        origin=str(folder),
+    )
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+_TORCH_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+
+
+def from_model(
+    model, *, architecture: str | None = None, tokenizer: str | Path | None = None
+) -> Weights:
+    """A loaded `TorchModel` (its params as they are; tied params are not exported twice).
+    `tokenizer`: a folder whose tokenizer files go with the export (a model loaded by
+    `linnet.gguf.load` carries its own)."""
+    from linnet.weights.manifest import find_manifest
+
+    hf_config = dict(getattr(model, "hf_config", None) or {})
+    arch = architecture or (hf_config.get("architectures") or [None])[0]
+    if arch is None:
+        raise ConfigError(
+            "the model has no HF config (it was not loaded from a checkpoint): pass "
+            "architecture= (e.g. 'LlamaForCausalLM') to choose the weights map"
+        )
+    manifest = find_manifest(arch)
+    act = model.config.get("act", "f32")
+    if not hf_config:
+        hf_config = manifest.config_to_hf(model.config)
+        hf_config["dtype"] = HF_NAMES[act]
+    config = full_config(model.source, manifest, hf_config, act)
+    params = model.params
+    shapes = {n: tuple(t.shape) for n, t in params.items()}
+    groups = []
+    for rule, bindings in manifest.groups(params):
+        targets = rule.targets(bindings)
+        dtype = _TORCH_NAMES.get(str(params[targets[0]].dtype), "f32")
+        name = rule.hf_name(bindings)
+        groups.append(
+            Group(rule, bindings, targets, tuple(shapes[t] for t in targets), name, None, dtype)
+        )
+
+    def reader(g: Group) -> list[np.ndarray]:
+        return [from_torch(params[p]) for p in g.params]
+
+    tok = tokenizer or getattr(model, "tokenizer_dir", None)
+    return Weights(
+        manifest=manifest,
+        source=model.source,
+        config=config,
+        hf_config=hf_config,
+        dtype=act,
+        groups=ordered(manifest, groups),
+        reader=reader,
+        tokenizer_dir=Path(tok) if tok else None,
+        gguf_metadata=getattr(model, "gguf_metadata", None),
+        origin=str(getattr(model, "origin", "") or "a loaded model"),
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Resolving a SRC argument
+
+
+def _looks_like_path(src: str) -> bool:
+    return src.startswith((".", "/", "~")) or src.endswith(".gguf") or "\\" in src
+
+
+def resolve(src: str | Path) -> Path:
+    """A local folder or .gguf file; otherwise a zoo name (or HF repo id) that
+    `linnet.zoo.pull` fetches, once that exists."""
+    p = Path(src).expanduser()
+    if p.exists():
+        return p
+    if not _looks_like_path(str(src)):
+        try:
+            from linnet import zoo
+
+            pull = getattr(zoo, "pull", None)
+        except ImportError:
+            pull = None
+        if pull is not None:
+            pulled = pull(str(src))
+            return Path(getattr(pulled, "folder", pulled))
+    raise CheckpointError(f"{src}: no such checkpoint folder or GGUF file", file=str(src))
+
+
+def open_weights(src, *, architecture: str | None = None, tokenizer=None) -> Weights:
+    """The exporters' input: a loaded model, an HF folder, a .gguf file or a zoo name."""
+    if not isinstance(src, (str, Path)):
+        return from_model(src, architecture=architecture, tokenizer=tokenizer)
+    path = resolve(src)
+    if path.is_file() and path.suffix == ".gguf":
+        from linnet.converters.gguf_import import weights_from_gguf
+
+        w = weights_from_gguf(path)
+    else:
+        w = from_folder(path)
+    if tokenizer is not None:
+        w.tokenizer_dir = Path(tokenizer)
+    return w
