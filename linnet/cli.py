@@ -79,6 +79,11 @@ def check(paths: tuple[Path, ...]) -> None:
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
 def plan(path: Path, dtype: str | None) -> None:
     """Show how a checkpoint's tensors map onto its source, reading headers only."""
+    if path.suffix == ".gguf":  # a GGUF file: its metadata and tensor infos
+        from linnet.converters.gguf_import import plan_text
+
+        click.echo(plan_text(path))
+        return
     from linnet.loading import plan_checkpoint
 
     result = plan_checkpoint(path, dtype=dtype)[0]
@@ -102,6 +107,12 @@ from linnet.commands.zoo import zoo as zoo_group  # noqa: E402
 main.add_command(zoo_group)
 main.add_command(run_command)
 main.add_command(parity_command)
+from linnet.commands.export import export as export_group  # noqa: E402
+from linnet.commands.export import push as push_command  # noqa: E402
+
+main.add_command(export_group)
+main.add_command(push_command)
+
 
 
 if __name__ == "__main__":

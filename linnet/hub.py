@@ -678,3 +678,6 @@ def locate(
         registry.get(target)  # UnknownEntry, with suggestions
     result = pull(target, revision=revision, registry=registry)
     return Target(result.folder, result.entry, result.repo, result.revision, result.commit)
+
+
+from linnet.hub_push import push  # noqa: E402, F401  (push to the Hub: linnet/hub_push.py)
