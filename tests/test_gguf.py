@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -43,8 +44,6 @@ from tests.checkpoints import (
     tiny_variants,
 )
 from tests.test_export_hf import assert_bit_exact
-
-gguf = pytest.importorskip("gguf")
 
 VARIANTS = tiny_variants()
 LLAMA_CPP_TOL = 5e-4  # f32 weights and KV cache; tiny logits reach |60|
@@ -75,7 +74,8 @@ def tiny_gguf(tiny_checkpoint, tmp_path_factory):
 
 
 def _llama(path: Path, **kw):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp  # installed by scripts/setup.sh (constraints.txt pins it)
+
     kw = {"n_ctx": 256, "logits_all": True, "verbose": False, "n_threads": 2, **kw}
     return llama_cpp.Llama(model_path=str(path), **kw)
 

@@ -14,13 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import yaml
 
 import linnet.gguf
 import linnet.hf
 from tests.upload_server import serve
 
-yaml = pytest.importorskip("yaml")
 REPO = Path(__file__).resolve().parents[1]
 
 
