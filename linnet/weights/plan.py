@@ -109,6 +109,24 @@ class Plan:
                 yield name, part.to(torch_dtype).contiguous()
             del parts
 
+    def load_numpy(self, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
+        """Like `load`, without torch: stream (param name, numpy array) pairs cast to `dtype`
+        ("f32", "bf16" or "f16"; default the plan's), bf16 as `ml_dtypes.bfloat16`."""
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+        import numpy as np
+
+        self.check()
+        target = np.dtype(DTYPE_NAMES[dtype or self.dtype])
+        for row in self.rows:
+            if not row.loads:
+                continue
+            x = self.checkpoint.read_numpy(row.hf)
+            parts = row.rule.forward(x, row.sizes)
+            del x
+            for name, part in zip(row.params, parts, strict=True):
+                yield name, np.ascontiguousarray(part, dtype=target)
+            del parts
+
     def format(self) -> str:
         """A readable table: architecture, source, config, then one row per HF tensor."""
         lines = [

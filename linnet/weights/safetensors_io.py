@@ -58,6 +58,21 @@ DTYPE_BITS: dict[str, int] = {
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
+# safetensors dtype -> numpy dtype (little-endian, as stored; bfloat16 from ml_dtypes).
+NUMPY_DTYPES = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "bfloat16",
+    "F64": "<f8",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor as a safetensors header describes it; no data is read.
@@ -349,6 +364,34 @@ class Checkpoint:
             raise CheckpointError(
                 f"{info.file}: cannot read tensor {name}: {e}", tensor=name, file=str(info.file)
             ) from e
+
+    def read_numpy(self, name: str):
+        """Load tensor `name` as a read-only numpy array over a memory map of its file,
+        without torch (BF16 through `ml_dtypes`, which jax depends on)."""
+        import mmap
+
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+        import numpy as np
+
+        info = self.headers().get(name)
+        if info is None:
+            raise CheckpointError(f"{self.folder}: no tensor {name}", tensor=name)
+        if info.dtype not in NUMPY_DTYPES:
+            raise CheckpointError(
+                f"{info.file}: tensor {name} has dtype {info.dtype}, which numpy cannot read",
+                tensor=name,
+                file=str(info.file),
+            )
+        key = ("numpy", info.file)
+        buffer = self._handles.get(key)
+        if buffer is None:
+            with open(info.file, "rb") as f:
+                buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._handles[key] = buffer
+        dtype = np.dtype(NUMPY_DTYPES[info.dtype])
+        count = info.nbytes // dtype.itemsize
+        flat = np.frombuffer(buffer, dtype=dtype, count=count, offset=info.offsets[0])
+        return flat.reshape(info.shape)
 
     def close(self) -> None:
         """Drop the open safetensors handles (and their memory maps)."""
