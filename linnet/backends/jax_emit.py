@@ -1,0 +1,217 @@
+"""The JAX backend: one text emitter per Core-IR op, as for PyTorch (`torch_emit`).
+
+An emitter takes (attrs, spell, *inputs) — inputs are Python expressions — and
+returns the expression of the op's result (jax.numpy / jax.lax), or `Lines` for
+a statement (host guards). Values are immutable: a state write is
+`lax.dynamic_update_slice`, a new array. Runtime dims named in `spell.traced`
+(the start position P) are traced int32 scalars, so slices that start at them
+become `lax.dynamic_slice`; every shape stays static (or symbolic under
+`jax.export`). Library ops call `jax_prelude` helpers: `ref` in
+numerics="equivalent", `fast` in numerics="fast".
+"""
+
+from __future__ import annotations
+
+import math
+
+from linnet.backends.torch_emit import Lines, Spell
+from linnet.check.dims import Poly
+from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
+
+# JAX runs 32-bit integers unless x64 is switched on: token ids and positions fit.
+JAX_DTYPE_NAMES = {
+    "f32": "jnp.float32",
+    "f16": "jnp.float16",
+    "bf16": "jnp.bfloat16",
+    "i64": "jnp.int32",
+    "i32": "jnp.int32",
+    "bool": "jnp.bool_",
+}
+
+
+class JaxSpell(Spell):
+    """How the JAX drivers write dims (names), dtypes and rope tables; `traced` names the
+    runtime dims that are traced scalars rather than Python ints or shape dims."""
+
+    def __init__(self, numerics: str = "equivalent", traced=("P",), dim_atom=lambda a: a):
+        super().__init__(dim_atom=dim_atom, numerics=numerics)
+        self.traced = frozenset(traced)
+
+    def dtype(self, name: str) -> str:
+        return JAX_DTYPE_NAMES[name]
+
+    def is_traced(self, p) -> bool:
+        return bool(self.traced & Poly.lift(p).atoms())
+
+    def helper(self, op: str) -> str:
+        return f"{op}_{'fast' if self.numerics == 'fast' else 'ref'}"
+
+
+def _zero(p) -> bool:
+    return Poly.lift(p) == Poly.const(0)
+
+
+def scalar_text(value, dtype: str) -> str:
+    """A Python literal (weakly typed: it takes the dtype of the array it meets)."""
+    if dtype in ("f32", "f16", "bf16"):
+        value = float(value)
+        if math.isinf(value):
+            return "-math.inf" if value < 0 else "math.inf"
+        return "math.nan" if math.isnan(value) else repr(value)
+    return repr(bool(value)) if dtype == "bool" else repr(int(value))
+
+
+def _const(a, s):
+    value = a["value"]
+    if value.ndim == 0:
+        return scalar_text(value, a["dtype"])
+    raise ValueError("array constants are folded by the driver")
+
+
+def _tuple(s, dims) -> str:
+    text = s.dims(dims)
+    return f"({text},)" if len(dims) == 1 else f"({text})"
+
+
+def _slice(a, s, x):
+    starts, stops = a["starts"], a["stops"]
+    if any(s.is_traced(lo) for lo in starts):
+        sizes = [Poly.lift(hi) - Poly.lift(lo) for lo, hi in zip(starts, stops)]
+        return f"lax.dynamic_slice({x}, {_tuple(s, starts)}, {_tuple(s, sizes)})"
+    items = [f"{'' if _zero(lo) else s.dim(lo)}:{s.dim(hi)}" for lo, hi in zip(starts, stops)]
+    return f"{x}[{', '.join(items)}]"
+
+
+def _update_slice(a, s, x, update):
+    return f"lax.dynamic_update_slice({x}, {update}, {_tuple(s, a['starts'])})"
+
+
+def _update_rows(a, s, x, update, positions):
+    index = ", ".join(
+        positions if i == a["axis"] else f"{s.dim(lo)}:{s.dim(Poly.lift(lo) + n)}"
+        for i, (lo, n) in enumerate(zip(a["starts"], a["sizes"]))
+    )
+    return f"{x}.at[{index}].set({update})"
+
+
+def _iota(a, s):
+    arange = f"jnp.arange({s.dim(a['length'])}, dtype={s.dtype(a['dtype'])})"
+    return arange if _zero(a["start"]) else f"{s.dim(a['start'])} + {arange}"
+
+
+def _guard(a, s):
+    message = f"{a.get('where', '')}: {a['message']}".lstrip(": ")
+    texts = f"{str(a['lhs'])!r}, {str(a['rhs'])!r}"
+    return Lines([f"_guard({s.dim(a['lhs'])}, {s.dim(a['rhs'])}, {message!r}, {texts})"], None)
+
+
+def _matmul(a, s, x, y):
+    if s.numerics == "fast":
+        return f"{x} @ {y}"
+    return f"jnp.matmul({x}, {y}, precision=HIGHEST)"
+
+
+def _reduce(fn):
+    return lambda a, s, x: f"jnp.{fn}({x}, axis={a['axis']}, keepdims={a.get('keepdims', True)})"
+
+
+def _rope(a, s, x, at=None):
+    table = s.rope_table(a, a["head_dim"])
+    offset = at if at is not None else s.dim(a["offset"])  # positions array, or int/scalar
+    return f"{s.helper('rope')}({x}, {table}_cos, {table}_sin, {offset})"
+
+
+def _attention(a, s, q, k, v, q_positions=None):
+    offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
+    args = [q, k, v, str(a["causal"]), offset, s.dim(a["window"] or 0), repr(a["scale"])]
+    return f"{s.helper('attention')}({', '.join(args)})"
+
+
+def _norm(kind):
+    return lambda a, s, *xs: f"{s.helper(kind)}({', '.join(xs)}, {a['eps']!r})"
+
+
+def _linear(a, s, x, w, b=None):
+    return f"{s.helper('linear')}({x}, {w}{'' if b is None else f', {b}'})"
+
+
+UNARY_TEXT = {
+    "neg": "jnp.negative",
+    "exp": "jnp.exp",
+    "log": "jnp.log",
+    "sqrt": "jnp.sqrt",
+    "rsqrt": "lax.rsqrt",
+    "tanh": "jnp.tanh",
+    "erf": "lax.erf",
+    "sin": "jnp.sin",
+    "cos": "jnp.cos",
+    "sigmoid": "jax.nn.sigmoid",
+    "abs": "jnp.abs",
+}
+INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "pow": "**",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+}
+CALLS = {
+    "maximum": "jnp.maximum",
+    "minimum": "jnp.minimum",
+    "logical_and": "jnp.logical_and",
+    "logical_or": "jnp.logical_or",
+}
+
+EMITTERS = {
+    "const": _const,
+    "iota": _iota,
+    "cast": lambda a, s, x: f"{x}.astype({s.dtype(a['dtype'])})",
+    "where": lambda a, s, c, x, y: f"jnp.where({c}, {x}, {y})",
+    "reduce_sum": _reduce("sum"),
+    "reduce_max": _reduce("max"),
+    "reduce_mean": _reduce("mean"),
+    "matmul": _matmul,
+    "reshape": lambda a, s, x: f"{x}.reshape({s.dims(a['shape'])})",
+    "transpose": lambda a, s, x: f"{x}.transpose({', '.join(map(str, a['perm']))})",
+    "slice": _slice,
+    "concat": lambda a, s, *xs: f"jnp.concatenate([{', '.join(xs)}], axis={a['axis']})",
+    "take": lambda a, s, table, idx: f"{table}[{idx}]",
+    "update_slice": _update_slice,
+    "update_rows": _update_rows,
+    "guard": _guard,
+    # library ops (their decompositions are the reference; see jax_prelude)
+    "linear": _linear,
+    "rms_norm": _norm("rms_norm"),
+    "layer_norm": _norm("layer_norm"),
+    "softmax": lambda a, s, x: f"{s.helper('softmax')}({x}, {a['axis']})",
+    "silu": lambda a, s, x: f"jax.nn.silu({x})",
+    "gelu": lambda a, s, x: f"{s.helper('gelu')}({x}, {(a['approx'] or 'none')!r})",
+    "rope": _rope,
+    "attention": _attention,
+}
+for _name in UNARY:
+    EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"
+for _name in BINARY + COMPARE + LOGICAL:
+    if _name in INFIX:
+        EMITTERS[_name] = lambda a, s, x, y, _o=INFIX[_name]: f"{x} {_o} {y}"
+    else:
+        EMITTERS[_name] = lambda a, s, x, y, _f=CALLS[_name]: f"{_f}({x}, {y})"
+
+
+def emit(node, spell: JaxSpell, inputs: list[str]):
+    """The text of one node: an expression, or Lines. Adds what emitters need beyond
+    attrs: a guard's source position, the sizes of a state write, the head dim."""
+    attrs = dict(node.attrs)
+    if node.op == "guard":
+        attrs["where"] = node.where
+    elif node.op in ("update_slice", "update_rows"):
+        attrs["sizes"] = node.inputs[1].type.shape
+    elif node.op == "rope":
+        attrs["head_dim"] = node.inputs[0].type.shape[-1].value
+    return EMITTERS[node.op](attrs, spell, *inputs)

@@ -1,0 +1,187 @@
+"""Helpers that emitted JAX code calls: host guards, rope tables and the library ops.
+
+This module is copied verbatim into every generated source (`linnet jax`), so
+generated code runs with jax and numpy alone; the runners import it. The `ref`
+helpers keep the reference numerics of `linnet/ir/library.py` op for op (f32
+norms and softmax, rope tables built in f32, matmuls at full f32 precision);
+the `fast` ones let XLA pick (default matmul precision, `jax.nn` kernels).
+Both are tested against the decompositions (tests/test_jax_backend.py).
+
+A start position may be a Python int or a traced int32 scalar: one jit (or one
+StableHLO export) serves every position. `i64` tensors of the IR are int32 here.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+HIGHEST = lax.Precision.HIGHEST  # f32 matmuls stay f32 on every device (no TF32/bf16 passes)
+
+
+class GuardError(ValueError):
+    """A `require` of the source failed (checked on the host, before a call)."""
+
+
+def _guard(lhs, rhs, message, lhs_text, rhs_text, error=GuardError):
+    if lhs > rhs:
+        raise error(f"{message} failed: {lhs_text} = {lhs} > {rhs_text} = {rhs}")
+
+
+def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max):
+    """cos, sin [positions, head_dim / 2] in f32 (numpy), as transformers builds them."""
+    f32 = np.float32
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
+    inv = (f32(1.0) / np.power(f32(theta), exponent)).astype(f32)
+    if scaling == "llama3":
+        low_wavelen, high_wavelen = original_max / low_freq, original_max / high_freq
+        wavelen = (2 * math.pi / inv).astype(f32)
+        scaled = np.where(wavelen > low_wavelen, inv / f32(factor), inv)
+        smooth = (original_max / wavelen - low_freq) / (high_freq - low_freq)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv = np.where(medium, smoothed, scaled).astype(f32)
+    freqs = np.arange(positions, dtype=f32)[:, None] * inv[None, :]
+    return np.cos(freqs).astype(f32), np.sin(freqs).astype(f32)
+
+
+def _positions(offset, seq):
+    """Positions offset..offset+seq (offset an int or a traced scalar), or `offset` itself
+    when it is already a 1-D array of positions."""
+    if jnp.ndim(offset) == 1:
+        return offset
+    return offset + jnp.arange(seq, dtype=jnp.int32)
+
+
+def _rows(table, offset, seq, dtype):
+    """Rows offset..offset+seq of a rope table (or the rows at a positions array)."""
+    if jnp.ndim(offset) == 1:
+        return jnp.take(table, offset, axis=0).astype(dtype)
+    return lax.dynamic_slice_in_dim(table, offset, seq, axis=0).astype(dtype)
+
+
+# -- numerics="equivalent": the reference decompositions, op for op ----------------------
+def linear_ref(x, w, b=None):
+    y = jnp.matmul(x, w.T, precision=HIGHEST)
+    return y if b is None else y + b
+
+
+def rms_norm_ref(x, w, eps):
+    h = x.astype(jnp.float32)
+    h = h * lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+    return w * h.astype(x.dtype)
+
+
+def layer_norm_ref(x, w, b, eps):
+    h = x.astype(jnp.float32)
+    centered = h - jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+    return (centered * lax.rsqrt(var + eps)).astype(x.dtype) * w + b
+
+
+def softmax_ref(x, axis):
+    h = x.astype(jnp.float32)
+    e = jnp.exp(h - jnp.max(h, axis=axis, keepdims=True))
+    return (e / jnp.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def gelu_ref(x, approx):
+    if approx == "tanh":
+        inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+        return x * 0.5 * (jnp.tanh(inner) + 1.0)
+    return x * 0.5 * (lax.erf(x * (1.0 / math.sqrt(2.0))) + 1.0)
+
+
+def rope_ref(x, cos, sin, offset):
+    """Half rotation of x [B, H, S, D] at positions offset..offset+S (or a positions array)."""
+    seq, half = x.shape[2], x.shape[3] // 2
+    c, s = _rows(cos, offset, seq, x.dtype), _rows(sin, offset, seq, x.dtype)  # (S, D/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def _mask(q_offset, s, t, window):
+    """[S, T] bool: key position <= query position (and inside the window)."""
+    qpos = _positions(q_offset, s)[:, None]
+    kpos = jnp.arange(t, dtype=jnp.int32)[None, :]
+    allowed = kpos <= qpos
+    if window:
+        allowed = allowed & (kpos > qpos - window)
+    return allowed
+
+
+def attention_ref(q, k, v, causal, q_offset, window, scale):
+    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads."""
+    b, h, s, d = q.shape
+    kv, t = k.shape[1], k.shape[2]
+    q5 = q.reshape(b, kv, h // kv, s, d)  # (B, KV, G, S, D)
+    k5t = jnp.swapaxes(k.reshape(b, kv, 1, t, d), -1, -2)  # (B, KV, 1, D, T)
+    scores = jnp.matmul(q5, k5t, precision=HIGHEST)  # (B, KV, G, S, T)
+    scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).astype(jnp.float32)
+    if causal or window:
+        scores = jnp.where(_mask(q_offset, s, t, window), scores, -jnp.inf)
+    probs = softmax_ref(scores, -1).astype(q.dtype)
+    out = jnp.matmul(probs, v.reshape(b, kv, 1, t, d), precision=HIGHEST)
+    return out.reshape(b, h, s, d)
+
+
+# -- numerics="fast": XLA picks (default precision, jax.nn kernels) ------------------------
+def linear_fast(x, w, b=None):
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def rms_norm_fast(x, w, eps):
+    var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    return x * lax.rsqrt(var + eps).astype(x.dtype) * w
+
+
+def layer_norm_fast(x, w, b, eps):
+    h = x.astype(jnp.float32)
+    mean = jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.var(h, axis=-1, keepdims=True)
+    return ((h - mean) * lax.rsqrt(var + eps)).astype(x.dtype) * w + b
+
+
+def softmax_fast(x, axis):
+    return jax.nn.softmax(x, axis=axis)
+
+
+def gelu_fast(x, approx):
+    return jax.nn.gelu(x, approximate=approx == "tanh")
+
+
+def rope_fast(x, cos, sin, offset):
+    return rope_ref(x, cos, sin, offset)
+
+
+def attention_fast(q, k, v, causal, q_offset, window, scale):
+    """jax.nn.dot_product_attention ([B, T, N, H] layout, GQA native); XLA picks the kernel."""
+    s, t = q.shape[2], k.shape[2]
+    mask = _mask(q_offset, s, t, window)[None, None] if causal or window else None
+    out = jax.nn.dot_product_attention(
+        jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=mask, scale=scale
+    )
+    return jnp.swapaxes(out, 1, 2)  # (B, H, S, D)
+
+
+def nest_params(flat):
+    """{"layers.0.wq": w, ...} -> {"layers": [{"wq": w, ...}, ...], ...}: the params pytree."""
+    tree = {}
+    for name, value in flat.items():
+        *path, leaf = name.split(".")
+        node = tree
+        for key in path:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    def lists(node):
+        if not isinstance(node, dict):
+            return node
+        if node and all(k.isdigit() for k in node):
+            return [lists(node[str(i)]) for i in range(len(node))]
+        return {k: lists(v) for k, v in node.items()}
+
+    return lists(tree)
