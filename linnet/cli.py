@@ -113,6 +113,10 @@ from linnet.commands.export import push as push_command  # noqa: E402
 main.add_command(export_group)
 main.add_command(push_command)
 
+from linnet.commands.jax import jax_command, stablehlo_command  # noqa: E402
+
+main.add_command(jax_command)
+main.add_command(stablehlo_command)
 
 
 if __name__ == "__main__":

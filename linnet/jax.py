@@ -1,0 +1,231 @@
+"""Load a model onto JAX/XLA: a Hugging Face folder through its weights map, or a source
+with weights you already hold. Needs jax and numpy, not torch.
+
+    model = linnet.jax.load("path/to/SmolLM2-135M-Instruct", dtype="f32")
+    logits = model.forward(ids)                 # [B, S] -> f32 [B, S, vocab]
+    model.decode(ids, 0); model.decode(next_ids, ids.shape[1])   # the cache stays on device
+    tokens = model.generate(ids, 20)            # greedy
+
+The model object keeps the contract of `linnet.torch.load`: forward, decode, reset,
+generate. Arrays in are anything numpy can read; arrays out are jax Arrays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linnet.backends.jax_codegen import guard_dims, state_shape
+from linnet.backends.jax_prelude import nest_params
+from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
+from linnet.errors import CheckpointError, LinnetError, RuntimeGuardError
+from linnet.loading import plan_checkpoint
+from linnet.source import Source
+
+
+class JaxModel:
+    def __init__(self, source: Source, config: dict, params: dict, runner, *, hf_config=None):
+        self.source = source
+        self.config = config
+        self.hf_config = hf_config or {}
+        self.runner = runner
+        self.params = nest_params({k: jnp.asarray(v) for k, v in params.items()})
+        self.state: dict = {}
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    @property
+    def numerics(self) -> str:
+        return getattr(self.runner, "numerics", "exported")
+
+    @property
+    def compilations(self) -> dict:
+        """Entry -> how many times XLA traced (and so compiled) it in this process."""
+        return dict(self.runner.traces)
+
+    # -- entries -----------------------------------------------------------------------
+    def forward(self, ids) -> jax.Array:
+        """Logits of every position, [B, S, V] (no cache involved)."""
+        ids = self._ids(ids)
+        return self._run("forward", [ids], {})[0]
+
+    __call__ = forward
+
+    def decode(self, ids, pos: int) -> jax.Array:
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids, pos: int) -> jax.Array:
+        self._ensure_state(ids.shape[0], pos)
+        out = self._run("decode", [ids], {"at": pos})[0]
+        self.position = pos + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state = {}
+        self.position = 0
+
+    def generate(
+        self,
+        ids,
+        max_new_tokens: int,
+        *,
+        eos_token_id=None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int = 0,
+        on_token=None,
+    ) -> jax.Array:
+        """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default."""
+        ids = self._ids(ids)
+        self.reset()
+        eos = sorted(set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or []))
+        key = jax.random.PRNGKey(seed)
+        logits = self.decode(ids, 0)
+        out = [ids]
+        done = np.zeros(ids.shape[0], dtype=bool)
+        for step in range(max_new_tokens):
+            key, sub = jax.random.split(key)
+            token = _pick(logits, do_sample, temperature, top_k, sub)
+            out.append(token[:, None])
+            if on_token is not None:
+                on_token(token)
+            if eos:
+                done |= np.isin(np.asarray(token), eos)
+                if done.all():
+                    break
+            if step + 1 < max_new_tokens:
+                logits = self._decode(token[:, None], self.position)
+        return jnp.concatenate(out, axis=1)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _run(self, name: str, inputs: list, dim_values: dict) -> list:
+        entry = self.runner.entries[name]
+        dims = guard_dims(entry, inputs, dim_values)
+        for node in entry.guards:  # the source's `require`s, on the host
+            lhs, rhs = node.attrs["lhs"].eval(dims), node.attrs["rhs"].eval(dims)
+            if lhs > rhs:
+                where = f"{node.where}: " if node.where else ""
+                raise RuntimeGuardError(
+                    f"{where}{node.attrs['message']} failed: "
+                    f"{node.attrs['lhs']} = {lhs} > {node.attrs['rhs']} = {rhs}"
+                )
+        outputs, states = self.runner.run(name, self.params, self.state, inputs, dim_values)
+        self.state.update(states)
+        return outputs
+
+    def _ids(self, ids) -> jax.Array:
+        ids = np.asarray(ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise LinnetError(
+                f"token ids must be integers [B, S], got {ids.dtype}{list(ids.shape)}"
+            )
+        vocab = self.config.get("vocab")
+        if ids.size and vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise LinnetError(
+                f"token ids must lie in [0, {vocab}), got {int(ids.min())} to {int(ids.max())}"
+            )
+        return jnp.asarray(ids, dtype=jnp.int32)
+
+    def _ensure_state(self, batch: int, pos: int) -> None:
+        for entry in self.runner.entries.values():
+            for name, value in entry.graph.states.items():
+                shape = state_shape(value.type, batch)
+                have = self.state.get(name)
+                if have is not None and tuple(have.shape) == shape:
+                    continue
+                if pos != 0:
+                    why = "is empty" if have is None else "holds another batch"
+                    raise LinnetError(
+                        f"decode at position {pos} with batch {batch}, but the cache {why}: "
+                        "call reset() and start at position 0"
+                    )
+                self.state[name] = jnp.zeros(shape, numpy_dtype(value.type.dtype))
+
+
+def _pick(logits, do_sample, temperature, top_k, key) -> jax.Array:
+    if not do_sample:
+        return jnp.argmax(logits, axis=-1)
+    scores = logits.astype(jnp.float32) / max(temperature, 1e-6)
+    if top_k:
+        kth = jax.lax.top_k(scores, top_k)[0][:, -1:]
+        scores = jnp.where(scores < kth, -jnp.inf, scores)
+    return jax.random.categorical(key, scores, axis=-1)
+
+
+def load(
+    path: str | Path,
+    *,
+    dtype=None,
+    numerics: str = "equivalent",
+    max_positions: int | None = None,
+    from_stablehlo=None,
+) -> JaxModel:
+    """A local HF checkpoint folder (config.json + safetensors) as a Linnet model on JAX.
+
+    dtype: "f32", "bf16", "f16"; default: the checkpoint's dtype.
+    numerics: "equivalent" (the reference's f32 norms, softmax and rope tables, full-precision
+        matmuls) or "fast" (XLA picks: default precision, jax.nn attention).
+    max_positions: KV-cache length; default the config's context, capped at 4096.
+    from_stablehlo: run serialized exports (`linnet stablehlo`) instead of tracing the
+        generated code: a file (one entry), a folder of `*.exported` files, or a dict
+        entry -> path. The export fixes numerics and the config (max_positions included).
+    """
+    plan, source, config, hf_config = plan_checkpoint(
+        path, dtype=dtype, max_positions=max_positions
+    )
+    plan.check()
+    params = dict(plan.load_numpy(config["act"]))
+    if from_stablehlo is not None:
+        from linnet.stablehlo import load_exports
+
+        runner = ExportRunner(source, config, load_exports(from_stablehlo))
+    else:
+        runner = JitRunner(source, config, numerics)
+    model = JaxModel(source, config, params, runner, hf_config=hf_config)
+    if from_stablehlo is not None:
+        from linnet.stablehlo import check_fits
+
+        check_fits(runner.exports, model.params, model.runner.entries)
+    return model
+
+
+def load_source(
+    source_path: str | Path,
+    config: dict,
+    weights: dict,
+    *,
+    numerics: str = "equivalent",
+) -> JaxModel:
+    """A source outside the zoo with a config and params named as the source names them
+    (numpy arrays, jax arrays, or anything numpy reads)."""
+    source = Source.load(source_path)
+    config = source.config(config)
+    layout = source.params(config)
+    missing = sorted(set(layout.shapes) - set(weights))
+    extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
+    if missing or extra:
+        raise CheckpointError(
+            f"weights do not fit {source_path}: missing {missing[:5]}, unexpected {extra[:5]}",
+            tensor=(missing or extra)[0],
+        )
+    params = {}
+    for name, t in layout.shapes.items():
+        want = tuple(d.value for d in t.shape)
+        array = np.asarray(weights[name])
+        if tuple(array.shape) != want:
+            raise CheckpointError(
+                f"param `{name}` must have shape {want}, got {tuple(array.shape)}", tensor=name
+            )
+        params[name] = array.astype(numpy_dtype(t.dtype))
+    runner = JitRunner(source, config, numerics)
+    return JaxModel(source, config, params, runner)
