@@ -1,5 +1,5 @@
 """Regenerate the snapshots under tests/golden/ (run after an intended change): the
-printed Core IR of the zoo sources and the generated PyTorch source.
+printed Core IR of the zoo sources and the generated PyTorch and JAX source.
 
 python scripts/update_golden.py          # rewrite every snapshot
 python scripts/update_golden.py --check  # exit 1 if any snapshot is stale
@@ -23,6 +23,10 @@ def snapshots():
         yield golden_path(variant, entry), golden_text(variant, entry)
     for name in generated.TINY:
         yield generated.golden_path(name), generated.golden_text(name)
+    from tests import test_jax_backend as jax_generated
+
+    for name in jax_generated.TINY:
+        yield jax_generated.golden_path(name), jax_generated.golden_text(name)
 
 
 def main(argv: list[str]) -> int:
