@@ -8,5 +8,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 linnet check zoo/
 ruff check linnet converters weights_maps zoo tests scripts
 python -m pytest -q -p no:cacheprovider "$@"
+# The JAX path in a virtual environment of its own, without torch.
+bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.
 python scripts/parity_ci.py
