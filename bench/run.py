@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Linnet's PyTorch paths against transformers and llama.cpp, in one run.
+"""Linnet's PyTorch and JAX paths against transformers and llama.cpp, in one run.
 
     python bench/run.py                          # SmolLM2-135M-Instruct, f32 and bf16
     python bench/run.py --model tinyllama        # a random TinyLlama-1.1B-shaped checkpoint
@@ -7,7 +7,8 @@
 
 For every method (each in its own process) and dtype: forward latency at B=1,
 S=128 and S=512, and decode throughput (128-token prompt, 128 new greedy tokens,
-prefill excluded). Compile time is reported apart from steady-state figures.
+prefill excluded). Compile time is reported apart from steady-state figures (JAX rows:
+generated JAX under jit in both numerics, and StableHLO exports with their export time).
 Results go to bench/results/latest.json (machine, versions, every figure, the
 ratio to each baseline) and a table is printed. No test asserts a time.
 """
@@ -32,6 +33,9 @@ METHODS = [
     "linnet/generated/fast",
     "linnet/compile/equivalent",
     "linnet/compile/fast",
+    "jax/jit/equivalent",
+    "jax/jit/fast",
+    "jax/stablehlo",
     "transformers/eager",
     "transformers/compile",
     "llama.cpp",
@@ -77,6 +81,64 @@ def worker_linnet(ckpt: str, dtype: str, mode: str, numerics: str, args) -> dict
     full = _timeit(lambda: model.generate(ids, args.new + 1), 1)
     out["decode_tok_s"] = args.new / (full - first)
     out["prefill_ms"] = 1e3 * first
+    return out
+
+
+def worker_jax(ckpt: str, dtype: str, kind: str, numerics: str, args) -> dict:
+    """Generated JAX under jit, or StableHLO exports (`jax.export`) run with XLA. Compile
+    time (and, for StableHLO, export time) is reported apart from the timed runs."""
+    import shutil
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import linnet.jax as lj
+
+    def prompt(vocab, n):
+        return np.random.default_rng(0).integers(0, vocab, (1, n))
+
+    out = {}
+    exports = None
+    if kind == "stablehlo":
+        from linnet import stablehlo
+        from linnet.loading import plan_checkpoint
+
+        _, source, config, _ = plan_checkpoint(ckpt, dtype=dtype, max_positions=1024)
+        exports = tempfile.mkdtemp(prefix="linnet-bench-hlo-")
+        t0 = time.perf_counter()
+        for entry in ("forward", "decode"):
+            exported = stablehlo.export_entry(source, config, entry, numerics)
+            stablehlo.save(exported, f"{exports}/{entry}.mlir", source, config, numerics)
+        out["export_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = lj.load(ckpt, dtype=dtype, numerics=numerics, max_positions=1024,
+                    from_stablehlo=exports)
+    vocab = model.config["vocab"]
+    out["load_s"] = time.perf_counter() - t0
+
+    def forward(ids):
+        jax.block_until_ready(model.forward(ids))
+
+    def generate(ids, n):
+        jax.block_until_ready(model.generate(ids, n))
+
+    t0 = time.perf_counter()  # XLA compiles each shape once: prefill, step, forwards
+    generate(prompt(vocab, args.prompt), 2)
+    for s in (128, 512):
+        forward(prompt(vocab, s))
+    out["warmup_s"] = out["compile_s"] = time.perf_counter() - t0
+    for s in (128, 512):
+        ids = prompt(vocab, s)
+        out[f"forward_{s}_ms"] = 1e3 * _timeit(lambda ids=ids: forward(ids), args.repeats)
+    ids = prompt(vocab, args.prompt)
+    first = _timeit(lambda: generate(ids, 1), args.repeats)
+    full = _timeit(lambda: generate(ids, args.new + 1), 1)
+    out["decode_tok_s"] = args.new / (full - first)
+    out["prefill_ms"] = 1e3 * first
+    out["compilations"] = model.compilations
+    if exports is not None:
+        shutil.rmtree(exports, ignore_errors=True)
     return out
 
 
@@ -153,6 +215,9 @@ def run_worker(args) -> None:
     if method.startswith("linnet/"):
         _, mode, numerics = method.split("/")
         result = worker_linnet(args.checkpoint, args.dtype, mode, numerics, args)
+    elif method.startswith("jax/"):
+        kind, numerics = (method.split("/") + ["equivalent"])[1:3]
+        result = worker_jax(args.checkpoint, args.dtype, kind, numerics, args)
     elif method.startswith("transformers/"):
         result = worker_transformers(args.checkpoint, args.dtype, method.endswith("compile"),
                                      args)
@@ -327,7 +392,7 @@ def machine() -> dict:
 
 def versions() -> dict:
     out = {}
-    for name in ("torch", "transformers", "llama_cpp", "linnet"):
+    for name in ("torch", "transformers", "llama_cpp", "linnet", "jax"):
         try:
             out[name] = __import__(name).__version__
         except Exception as err:  # a missing baseline is reported, not fatal

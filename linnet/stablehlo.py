@@ -116,12 +116,14 @@ def save(
     """Write the StableHLO text to `path` (.mlir) and the serialized export beside it."""
     path = Path(path)
     serialized = path.with_suffix(SUFFIX)
+    n_params = len(source.params(config).shapes)
     about = {
         "source": source.name,
         "entry": exported.fun_name,
         "numerics": numerics,
         "platforms": list(exported.platforms),
-        "inputs": [str(a) for a in exported.in_avals],
+        "params": n_params,
+        "arguments": [str(a) for a in exported.in_avals[n_params:]],  # states, inputs, dims
         "config": config,
     }
     header = [

@@ -166,20 +166,19 @@ def _without_states(graph: Graph) -> Graph:
 
 
 def _usage(entries: dict[str, JaxEntry]) -> str:
+    """Example calls for the module docstring, one block per entry."""
     lines = []
     for e in entries.values():
         g = e.graph
-        args = ", ".join(
-            [f'state["{s}"]' for s in g.states]
-            + [v.name for v in g.inputs]
-            + ["0" for _ in g.dim_inputs]
-        )
-        states = "".join(f", {s}" for s in g.states)
+        values = [v.name for v in g.inputs] + ["0" for _ in g.dim_inputs]  # position 0
+        results = ["logits" if len(g.outputs) == 1 else "outputs", *g.states]
         if g.states:
             lines.append("    state = init_state(batch=1)")
-        call = f"{e.name}_jit(params, {args})"
-        check = ", ".join([v.name for v in g.inputs] + ["0" for _ in g.dim_inputs])
-        lines.append(f"    check_{e.name}({check}); out{states} = {call}")
+        check = f"check_{e.name}({', '.join(values)})"
+        lines.append(f"    {check:<36}# the source's `require`s, on the host")
+        args = ", ".join(["params"] + [f'state["{s}"]' for s in g.states] + values)
+        note = "  # the state goes in and comes back" if g.states else ""
+        lines.append(f"    {', '.join(results)} = {e.name}_jit({args}){note}")
     return "\n".join(lines) + "\n"
 
 

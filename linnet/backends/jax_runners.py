@@ -96,7 +96,6 @@ class ExportRunner:
     def __init__(self, source, config, exports: dict):
         self.entries = prepare_all(source, config)
         self.exports = exports
-        self.traces: Counter = Counter()
         self.jitted = {}
         for name, exported in exports.items():
             if name not in self.entries:
@@ -106,6 +105,11 @@ class ExportRunner:
                 )
             donate = tuple(range(1, 1 + len(self.entries[name].graph.states)))
             self.jitted[name] = jax.jit(exported.call, donate_argnums=donate)
+
+    @property
+    def traces(self) -> Counter:
+        """Entry -> shapes compiled so far (an export is not traced: jit caches its calls)."""
+        return Counter({name: fn._cache_size() for name, fn in self.jitted.items()})
 
     def run(self, name, params, states, inputs, dim_values):
         if name not in self.jitted:
