@@ -137,9 +137,10 @@ def emit_function(entry: JaxEntry, spell: JaxSpell, consts: dict | None = None) 
             text = text.value
         if out is None:
             continue
-        var = f"t{next(count)}"
         if index in inplace and names[node.inputs[0]] in graph.states:
             var = names[node.inputs[0]]  # nothing reads the old state again: keep its name
+        else:
+            var = f"t{next(count)}"
         lines.append(f"    {var} = {text}{_shape_comment(out)}")
         names[out] = var
     results = [names[v] for v in graph.outputs] + [names[v] for v in graph.state_outputs.values()]
