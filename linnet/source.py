@@ -30,6 +30,17 @@ class ParamLayout:
     tied: dict[str, str]  # param -> the param it shares
 
 
+def display_path(path: Path) -> str:
+    """How diagnostics and guards name a source: zoo sources as `zoo/NAME.linnet` wherever
+    Linnet is installed (so messages and generated code do not depend on the checkout)."""
+    from linnet.zoo import HERE as ZOO
+
+    try:
+        return str(Path("zoo") / path.resolve().relative_to(ZOO))
+    except ValueError:
+        return str(path)
+
+
 class Source:
     def __init__(self, module: A.Module) -> None:
         self.module = module
@@ -48,7 +59,7 @@ class Source:
     @classmethod
     def load(cls, path: str | Path) -> Source:
         path = Path(path)
-        return cls.parse_text(path.read_text(encoding="utf-8"), str(path))
+        return cls.parse_text(path.read_text(encoding="utf-8"), display_path(path))
 
     @property
     def name(self) -> str:
