@@ -16,15 +16,8 @@ from linnet.check.dims import Poly
 from linnet.errors import LinnetError
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import _copy_frame, _finish, dedupe_guards, verify
+from linnet.ir.positions import cache_reads_to_widen, mentions, widen
 from linnet.ir.types import TensorType
-
-
-def _mentions(value, atom: str) -> bool:
-    if isinstance(value, Poly):
-        return atom in value.atoms()
-    if isinstance(value, (tuple, list)):
-        return any(_mentions(v, atom) for v in value)
-    return False
 
 
 def device_positions(graph: Graph, atom: str = "P") -> Graph:
@@ -34,15 +27,15 @@ def device_positions(graph: Graph, atom: str = "P") -> Graph:
     positions = out.input("positions", TensorType("i64", (seq,)))
     out.dim_inputs = {k: v for k, v in graph.dim_inputs.items() if v != atom}
     b = GraphBuilder(out)
-    full_reads = _cache_reads_to_widen(graph, atom)
+    full_reads = cache_reads_to_widen(graph, atom)
     widened: dict = {}  # value -> (old extent, new extent) along its widened axis
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
         attrs = dict(node.attrs)
-        if node.op == "guard" and _mentions((attrs["lhs"], attrs["rhs"]), atom):
+        if node.op == "guard" and mentions((attrs["lhs"], attrs["rhs"]), atom):
             continue  # the runner checks the position on the host before replay
-        if node.op == "update_slice" and _mentions(attrs["starts"], atom):
-            axis = [i for i, s in enumerate(attrs["starts"]) if _mentions(s, atom)][0]
+        if node.op == "update_slice" and mentions(attrs["starts"], atom):
+            axis = [i for i, s in enumerate(attrs["starts"]) if mentions(s, atom)][0]
             starts = tuple(Poly.const(0) if i == axis else s for i, s in enumerate(attrs["starts"]))
             result = b.add(
                 "update_rows",
@@ -51,25 +44,16 @@ def device_positions(graph: Graph, atom: str = "P") -> Graph:
                 starts=starts,
                 where=node.where,
             )
-        elif node in full_reads:
-            axis = full_reads[node]
-            stops = list(attrs["stops"])
-            stops[axis] = node.inputs[0].type.shape[axis]
-            result = b.add("slice", ins, starts=attrs["starts"], stops=tuple(stops))
-            widened[node.output] = (node.output.type.shape[axis], stops[axis])
+        elif widen(node, attrs, full_reads, widened):
+            result = b.add(node.op, ins, where=node.where, **attrs)
         elif node.op == "slice" and _rows_at_positions(node, atom, seq):
             result = b.add("take", [ins[0], positions])  # e.g. learned positions wpe[P : P + S]
-        elif node.op == "reshape" and node.inputs[0] in widened:
-            old, new = widened[node.inputs[0]]
-            shape = tuple(new if d == old else d for d in attrs["shape"])
-            result = b.add("reshape", ins, shape=shape)
-            widened[node.output] = (old, new)
-        elif node.op == "rope" and _mentions(attrs["offset"], atom):
+        elif node.op == "rope" and mentions(attrs["offset"], atom):
             result = b.add("rope", ins + [positions], **dict(attrs, offset=Poly.const(0)))
-        elif node.op == "attention" and _mentions(attrs["q_offset"], atom):
+        elif node.op == "attention" and mentions(attrs["q_offset"], atom):
             result = b.add("attention", ins + [positions], **dict(attrs, q_offset=Poly.const(0)))
         else:
-            if any(_mentions(v, atom) for v in attrs.values()):
+            if any(mentions(v, atom) for v in attrs.values()):
                 raise LinnetError(
                     f"{node.where}: `{node.op}` uses the host position {atom}; "
                     "it cannot be captured in a CUDA graph"
@@ -83,7 +67,7 @@ def device_positions(graph: Graph, atom: str = "P") -> Graph:
 def _rows_at_positions(node, atom: str, seq: Poly) -> bool:
     """A slice `x[P : P + S, :, ...]` (rows at the current positions, full elsewhere)."""
     starts, stops, shape = node.attrs["starts"], node.attrs["stops"], node.inputs[0].type.shape
-    if not _mentions(starts[0], atom) or Poly.lift(stops[0]) - Poly.lift(starts[0]) != seq:
+    if not mentions(starts[0], atom) or Poly.lift(stops[0]) - Poly.lift(starts[0]) != seq:
         return False
     return all(
         Poly.lift(lo) == Poly.const(0) and Poly.lift(hi) == d
@@ -91,38 +75,11 @@ def _rows_at_positions(node, atom: str, seq: Poly) -> bool:
     )
 
 
-def _cache_reads_to_widen(graph: Graph, atom: str) -> dict:
-    """Reads of state up to `P + S` that only feed causal attention (via reshapes): those
-    may read the whole cache instead, since the mask hides every row past the query."""
-    users: dict = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
-    widen = {}
-    for node in graph.nodes:
-        if node.op != "slice" or not _mentions(node.attrs["stops"], atom):
-            continue
-        axes = [i for i, s in enumerate(node.attrs["stops"]) if _mentions(s, atom)]
-        if len(axes) == 1 and _feeds_only_causal_attention(node.output, users):
-            widen[node] = axes[0]
-    return widen
-
-
-def _feeds_only_causal_attention(value, users) -> bool:
-    for user in users.get(value, []):
-        if user.op == "reshape":
-            if not _feeds_only_causal_attention(user.output, users):
-                return False
-        elif not (user.op == "attention" and user.attrs["causal"] and user.inputs[0] is not value):
-            return False
-    return bool(users.get(value))
-
-
 def capture_plan(graph: Graph, atom: str = "P") -> Graph:
     """The decode graph a capture replays; verified and free of host positions."""
     static = device_positions(dedupe_guards(graph), atom)
     verify(static)
-    leaks = [n for n in static.nodes if any(_mentions(v, atom) for v in n.attrs.values())]
+    leaks = [n for n in static.nodes if any(mentions(v, atom) for v in n.attrs.values())]
     if leaks or atom in static.dim_inputs.values():
         raise LinnetError(f"the capture plan still holds the host position {atom}: {leaks}")
     return static
