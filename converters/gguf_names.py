@@ -271,6 +271,17 @@ def bpe_vocab(tokenizer_json: Mapping, n_vocab: int) -> tuple[list[str], list[in
     return tokens, types
 
 
+def bpe_merges(tokenizer_json: Mapping) -> list[str]:
+    """Merges as llama.cpp stores them: "a b", a space inside a part written as U+0120+
+    (what gguf's SpecialVocab does to the [a, b] list format, without its per-character
+    loop)."""
+    merges = tokenizer_json.get("model", {}).get("merges") or []
+    if merges and isinstance(merges[0], str):
+        return list(merges)
+    shift = chr(ord(" ") + 256)
+    return [f"{a.replace(' ', shift)} {b.replace(' ', shift)}" for a, b in merges]
+
+
 def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
     """Write the `tokenizer.ggml.*` keys and the chat template; returns the tokenizer model
     written ("gpt2", or "none" when there is no tokenizer: llama.cpp then takes ids only)."""
@@ -299,7 +310,8 @@ def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
     writer.add_tokenizer_pre(pre_tokenizer_name(tj))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
+    special = gguf.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
+    special.merges = bpe_merges(tj)
     if not special.merges:
         raise LinnetError(f"{tj_path}: a BPE tokenizer without merges")
     special.add_special_token.setdefault("bos", False)

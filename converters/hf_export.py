@@ -4,9 +4,11 @@ Two passes over a `Weights` stream. The first plans from shapes alone: every HF 
 name (as the source checkpoint spells it), shape, dtype and byte size, and the shards
 (greedy, in layer order, each at most `max_shard_size`; one shard is `model.safetensors`,
 more get `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`). The
-second writes each shard's header, then streams its tensors: read one group, invert the
-weights map's transforms (`Rule.inverse`), cast, write, drop. The folder is built under
-a temporary name and renamed at the end.
+second writes each shard's header, then streams its tensors block by block: from a
+checkpoint folder each HF tensor is read, converted and appended in blocks of a few MB
+(the weights map's transforms and their inverses cancel); from a model or a GGUF file
+one group's params are inverted through the weights map (`Rule.inverse`) and converted
+the same way. The folder is built under a temporary name and renamed at the end.
 
 Beside the weights: `config.json` (the original, with `dtype` set to what was written),
 `generation_config.json` (copied, or made from the config's token ids), and the
@@ -33,8 +35,8 @@ from linnet.converters.weights_io import (
     TOKENIZER_FILES,
     Group,
     Weights,
-    cast,
     normalize_dtype,
+    write_converted,
 )
 
 from linnet.atomic import atomic_path
@@ -97,17 +99,32 @@ def _header(entries: list[Entry], dtype: str) -> bytes:
 
 
 def write_shard(path: Path, weights: Weights, entries: list[Entry], dtype: str, bar) -> None:
+    """One shard: the header, then each tensor converted block by block and appended. A
+    tensor read from a checkpoint folder is the HF tensor as stored (the weights map's
+    transforms and their inverses cancel), so it streams from the source file in blocks;
+    otherwise its params are read and inverted through the weights map first."""
+    header = _header(entries, dtype)
     with open(path, "wb") as f:
-        f.write(_header(entries, dtype))
+        f.write(header)
+
+        def write(chunk) -> None:
+            f.write(chunk)
+            bar.update(len(chunk))
+
         for e in entries:
-            parts = weights.read(e.group)
-            x = cast(np.ascontiguousarray(e.group.rule.inverse(parts)), dtype)
+            g = e.group
+            if g.source is not None and tuple(g.source.shape) == e.shape:
+                write_converted(g.source, dtype, write)
+                continue
+            parts = weights.read(g)
+            x = g.rule.inverse(parts)
             del parts
-            if tuple(x.shape) != e.shape or x.nbytes != e.nbytes:
+            if tuple(x.shape) != e.shape:
                 raise AssertionError(f"{e.name}: planned {e.shape}, got {x.shape}")
-            x.tofile(f)
+            write_converted(x, dtype, write)
             del x
-            bar.update(e.nbytes)
+        if f.tell() != len(header) + sum(e.nbytes for e in entries):
+            raise AssertionError(f"{path}: {f.tell()} bytes written, not as planned")
 
 
 def shard_names(n: int) -> list[str]:

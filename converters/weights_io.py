@@ -8,18 +8,21 @@ that group's params in the source's layout as numpy arrays; writers call it once
 group, in order, and drop the arrays before the next, so peak memory stays near the
 largest tensor.
 
-Three origins build a `Weights`: `from_folder` (an HF checkpoint folder, read with
-plain file reads at the header's offsets: no torch, no mmap, so the resident set does
-not grow with the checkpoint), `from_model` (a loaded `TorchModel`), and
-`converters.gguf_import.weights_from_gguf` (a GGUF file, dequantized per tensor).
+Three origins build a `Weights`: `from_folder` (an HF checkpoint folder: each tensor
+is a read-only map of its bytes, no torch; the map is dropped with the tensor, so the
+resident set does not grow with the checkpoint), `from_model` (a loaded `TorchModel`),
+and `converters.gguf_import.weights_from_gguf` (a GGUF file, dequantized per tensor).
+Writers convert in blocks of a few MB (`blocks`, `write_converted`): a tensor that
+a folder holds as it is streams from its file without ever being resident whole.
 
 numpy has no bfloat16: a bf16 array here is its raw bits in a `uint16` array (no model
-holds real uint16 tensors). `cast` converts between f32, f16 and bf16 in row chunks,
-rounding to nearest even like torch.
+holds real uint16 tensors). `cast` / `cast_into` convert between f32, f16 and bf16 in
+cache-sized blocks, rounding to nearest even like torch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +39,8 @@ ST_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}  # safetensors dtype nam
 ST_DTYPES = {v: k for k, v in ST_NAMES.items()}
 HF_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}  # config.json `dtype`
 DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "fp32": "f32"}
-CHUNK_ELEMENTS = 1 << 22  # rows are converted in blocks of about this many elements
+CHUNK_ELEMENTS = 1 << 18  # casts run in blocks this size (they stay in cache)
+CAST_THREADS = min(4, os.cpu_count() or 1)  # threads for casts of large tensors
 
 # Tokenizer and chat-template files an HF export copies from the source folder.
 TOKENIZER_FILES = (
@@ -95,19 +99,135 @@ def _cast_block(x: np.ndarray, src: str, dst: str) -> np.ndarray:
         return x.astype(NP_DTYPES[dst])
 
 
+def _bf16_to_f16_into(b: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> None:
+    """bf16 bits -> f16 bits in integer ops (no f32 pass). Inside f16's normal range
+    (2^-14 <= |x| < 2^16, bf16 exponent 113..142) the value is exact: rebias the exponent
+    (-112) and widen the mantissa (7 -> 10 bits). Anything else (subnormal, zero, overflow,
+    inf, NaN) takes the f32 route, which rounds as torch does."""
+    np.bitwise_and(b, 0x7FFF, out=s1)
+    np.subtract(s1, 0x3880, out=s1)  # exponent 113 -> 0; below wraps past 0x0EFF
+    np.left_shift(s1, 3, out=out)
+    np.add(out, 0x400, out=out)  # (e - 112) << 10 | m << 3
+    np.bitwise_and(b, 0x8000, out=s2)
+    np.bitwise_or(out, s2, out=out)
+    bad = s1 > 0x0EFF
+    if bad.any():
+        out[bad] = _cast_block(b[bad], "bf16", "f16").view(np.uint16)
+
+
 def cast(x: np.ndarray, dtype: str) -> np.ndarray:
-    """`x` (f32, f16 or bf16 bits) as `dtype`, converted in row blocks (a new array unless
-    the dtype already matches)."""
-    src = dtype_name(x)
-    if src == dtype:
+    """`x` (f32, f16 or bf16 bits) as `dtype`: a new array unless the dtype already
+    matches."""
+    if dtype_name(x) == dtype:
         return x
-    if x.ndim < 2 or x.size <= CHUNK_ELEMENTS:
-        return _cast_block(x, src, dtype).reshape(x.shape)
     out = np.empty(x.shape, NP_DTYPES[dtype])
-    step = max(1, CHUNK_ELEMENTS // max(1, x.size // x.shape[0]))
-    for r in range(0, x.shape[0], step):
-        out[r : r + step] = _cast_block(x[r : r + step], src, dtype)
+    cast_into(x, out)
     return out
+
+
+def cast_into(x: np.ndarray, out: np.ndarray) -> None:
+    """Convert `x` into the preallocated `out` (same shape; any of f32, f16, bf16 bits),
+    in cache-sized blocks, split between threads for large tensors (numpy's loops release
+    the GIL). `out` may be a map of the output file: the data is then written once."""
+    src, dst = dtype_name(x), dtype_name(out)
+    if tuple(x.shape) != tuple(out.shape):
+        raise ValueError(f"cast_into: shape {x.shape} into {out.shape}")
+    flat = np.ascontiguousarray(x).reshape(-1)
+    dest = out.reshape(-1)
+    step = CHUNK_ELEMENTS
+
+    def run(lo: int, hi: int) -> None:
+        if src == dst:
+            dest[lo:hi] = flat[lo:hi]
+        elif src == "bf16" and dst == "f16":
+            bits = dest.view(np.uint16)
+            s1, s2 = np.empty(step, np.uint16), np.empty(step, np.uint16)
+            for i in range(lo, hi, step):
+                n = min(step, hi - i)
+                _bf16_to_f16_into(flat[i : i + n], bits[i : i + n], s1[:n], s2[:n])
+        else:
+            for i in range(lo, hi, step):
+                j = min(i + step, hi)
+                dest[i:j] = _cast_block(flat[i:j], src, dst)
+
+    workers = min(CAST_THREADS, flat.size // (4 * step))
+    if workers < 2:
+        run(0, flat.size)
+        return
+    per = -(-flat.size // workers // step) * step
+    pool = _cast_pool()
+    jobs = [pool.submit(run, lo, min(lo + per, flat.size)) for lo in range(per, flat.size, per)]
+    run(0, min(per, flat.size))  # this thread takes the first part
+    for job in jobs:
+        job.result()
+
+
+_POOL = None
+
+
+def _cast_pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max(1, CAST_THREADS - 1), thread_name_prefix="linnet-cast")
+    return _POOL
+
+
+BLOCK_ELEMENTS = 1 << 21  # elements per block when streaming a tensor to its file
+
+
+def blocks(src, elements: int = BLOCK_ELEMENTS) -> Iterator[np.ndarray]:
+    """`src` (an array, or the TensorInfo of a safetensors tensor) as consecutive flat blocks
+    of `elements` (the last may be shorter). From a file, blocks are read into two buffers
+    in turn: a block stays valid until the second next one is asked for, and nothing
+    bigger than a block is resident."""
+    if isinstance(src, np.ndarray):
+        flat = np.ascontiguousarray(src).reshape(-1)
+        for i in range(0, flat.size, elements):
+            yield flat[i : i + elements]
+        return
+    n = int(np.prod(src.shape, dtype=np.int64))
+    if n == 0:
+        return
+    dtype = NP_DTYPES[ST_DTYPES[src.dtype]]
+    bufs = [np.empty(min(elements, n), dtype) for _ in range(2 if n > elements else 1)]
+    with open(src.file, "rb", buffering=0) as f:
+        f.seek(src.offsets[0])
+        for k, i in enumerate(range(0, n, elements)):
+            view = bufs[k % len(bufs)][: min(elements, n - i)]
+            raw = memoryview(view).cast("B")
+            got = 0
+            while got < len(raw):
+                r = f.readinto(raw[got:])
+                if not r:
+                    raise CheckpointError(f"{src.file}: truncated at tensor {src.name}")
+                got += r
+            yield view
+
+
+def write_converted(src, dtype: str, write: Callable, elements: int = BLOCK_ELEMENTS) -> None:
+    """Write `src` (array or TensorInfo) as `dtype` through `write(bytes)`, block by block:
+    read, convert into one of two buffers, and write in a background thread while the
+    next block is read and converted (file I/O and numpy release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    outs: list[np.ndarray] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="linnet-write") as pool:
+        pending = None
+        for k, blk in enumerate(blocks(src, elements)):
+            if dtype_name(blk) == dtype:
+                out = blk
+            else:
+                if len(outs) < 2:
+                    outs.append(np.empty(blk.size, NP_DTYPES[dtype]))
+                out = outs[k % 2][: blk.size]
+                cast_into(blk, out)
+            if pending is not None:
+                pending.result()  # the buffer written two blocks ago is free again
+            pending = pool.submit(write, memoryview(out).cast("B"))
+        if pending is not None:
+            pending.result()
 
 
 def from_torch(t) -> np.ndarray:
@@ -149,6 +269,7 @@ class Group:
     hf_name: str  # as the original checkpoint names it (prefix or not)
     key: Any = None  # how the origin finds the data (an HF name, a GGUF tensor)
     dtype: str = "f32"  # the dtype `read` returns
+    source: Any = None  # the safetensors TensorInfo holding the HF tensor as it is (folders)
 
     @property
     def hf_shape(self) -> tuple[int, ...]:
@@ -237,20 +358,19 @@ def ordered(manifest: Manifest, groups: list[Group]) -> list[Group]:
 
 
 def _read_tensor(info) -> np.ndarray:
-    """One safetensors tensor with a plain read at its offsets (no mmap)."""
+    """One safetensors tensor as a read-only map of its bytes (no copy). The map lives as
+    long as the array (and views of it) do: one tensor at a time stays resident."""
     dtype = ST_DTYPES.get(info.dtype)
     if dtype is None:
         raise CheckpointError(
             f"tensor {info.name} has dtype {info.dtype}; exports read F32, F16 or BF16",
             tensor=info.name,
         )
-    count = int(np.prod(info.shape, dtype=np.int64))
-    with open(info.file, "rb") as f:
-        f.seek(info.offsets[0])
-        x = np.fromfile(f, dtype=NP_DTYPES[dtype], count=count)
-    if x.size != count:
-        raise CheckpointError(f"{info.file}: truncated at tensor {info.name}", tensor=info.name)
-    return x.reshape(info.shape)
+    if info.nbytes == 0:
+        return np.zeros(info.shape, NP_DTYPES[dtype])
+    return np.memmap(
+        info.file, dtype=NP_DTYPES[dtype], mode="r", offset=info.offsets[0], shape=info.shape
+    )
 
 
 def from_folder(path: str | Path) -> Weights:
@@ -269,7 +389,8 @@ def from_folder(path: str | Path) -> Weights:
         dtype = ST_DTYPES[row.dtype]
         dtypes.add(dtype)
         shapes = tuple(plan.params[p] for p in row.params)
-        groups.append(Group(rule, bindings, row.params, shapes, row.hf, row.hf, dtype))
+        info = headers[row.hf]
+        groups.append(Group(rule, bindings, row.params, shapes, row.hf, row.hf, dtype, info))
 
     def reader(g: Group) -> list[np.ndarray]:
         x = _read_tensor(headers[g.key])

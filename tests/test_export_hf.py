@@ -152,7 +152,13 @@ def test_cast_rounds_like_torch():
             assert bool(same.all()), t[~same][:5]
             back = to_torch(cast(from_torch(want), "f32"))
             assert torch.equal(back[~back.isnan()], want.float()[~back.isnan()])
-    big = torch.randn(3000, 2000, generator=g)  # converted in row blocks
+    every_bf16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    every_bf16 = every_bf16.view(torch.bfloat16)  # all 65536 bit patterns, bf16 -> f16
+    got = to_torch(cast(from_torch(every_bf16), "f16"))
+    want = every_bf16.to(torch.float16)
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), every_bf16[~same][:5]
+    big = torch.randn(3000, 2000, generator=g)  # converted in blocks
     assert torch.equal(to_torch(cast(from_torch(big), "bf16")), big.to(torch.bfloat16))
     assert np.array_equal(cast(from_torch(big), "f32"), big.numpy())
 

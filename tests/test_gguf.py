@@ -455,3 +455,28 @@ def test_import_smollm2_q4_1(tmp_path):
     with torch.no_grad():
         got = exported(input_ids=prompts[0]).logits[0, -1]
     assert (got - model.forward(prompts[0])[0, -1]).abs().max().item() <= 1e-4
+
+
+def test_bulk_metadata_packing_is_gguf_s(tmp_path):
+    """The writer's bulk packing of long arrays and the merges conversion give exactly the
+    gguf package's bytes and strings."""
+    from gguf import GGUFValueType as T
+    from gguf import GGUFWriter, SpecialVocab
+    from linnet.converters.gguf_export import bulk_writer
+    from linnet.converters.gguf_names import bpe_merges
+
+    tokens = [f"tok{i}" for i in range(300)] + ["Ġa", "é", "<|im_end|>"]
+    plain, bulk = GGUFWriter(None, "llama"), bulk_writer()(None, "llama")
+    for value, sub in ((tokens, None), (list(range(-5, 400)), None), ([0.5] * 300, None),
+                       ([3] * 300, T.UINT32), ([1, "a"] * 200, None)):  # fmt: skip
+        try:
+            want = plain._pack_val(value, T.ARRAY, True, sub)
+        except ValueError:
+            with pytest.raises(ValueError):
+                bulk._pack_val(value, T.ARRAY, True, sub)
+            continue
+        assert bulk._pack_val(value, T.ARRAY, True, sub) == want
+    merges = [["Ġ", "t"], ["a b", "c"], ["x", " y"]] + [["q", str(i)] for i in range(300)]
+    tj = {"model": {"type": "BPE", "vocab": {}, "merges": merges}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
+    assert bpe_merges(tj) == SpecialVocab(tmp_path, load_merges=True).merges
