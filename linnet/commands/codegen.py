@@ -11,11 +11,16 @@ from linnet.errors import LinnetError
 
 
 def resolve_source_and_config(src: str, config: str | None):
-    """A `.linnet` source (with --config: JSON file or HF folder), or an HF folder."""
+    """A `.linnet` source (with --config: JSON file or HF folder), an HF folder, or a zoo
+    name (its checkpoint from the HF cache, pulled if need be)."""
     from linnet.loading import plan_checkpoint
     from linnet.source import Source
 
     path = Path(src)
+    if path.suffix != ".linnet" and not path.exists():
+        from linnet.hub import locate
+
+        path = locate(src).folder
     if path.suffix == ".linnet":
         source = Source.load(path)
         overrides = {}
@@ -27,7 +32,7 @@ def resolve_source_and_config(src: str, config: str | None):
         if config is not None:
             cfg = source.config(dict(cfg, **_config_overrides(config)))
         return source, cfg
-    raise LinnetError(f"{src}: expected a .linnet source or a Hugging Face checkpoint folder")
+    raise LinnetError(f"{src}: expected a .linnet source, a checkpoint folder or a zoo name")
 
 
 def _config_overrides(config: str) -> dict:

@@ -23,12 +23,7 @@ _NUMERICS = click.option(
 
 
 def resolve(src: str, config: str | None):
-    """(source, config) for SRC, as `linnet torch` resolves it, plus zoo names."""
-    path = Path(src)
-    if path.suffix != ".linnet" and not path.exists():
-        from linnet.hub import locate
-
-        src = str(locate(src).folder)  # a zoo name: the HF cache, or a pull
+    """(source, config) for SRC, as `linnet torch` resolves it."""
     return resolve_source_and_config(src, config)
 
 
