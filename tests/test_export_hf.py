@@ -247,9 +247,9 @@ def test_smollm2_round_trip(smollm2_checkpoint, tmp_path, chat_prompts):
 
 
 def test_smollm2_streams_with_bounded_memory(smollm2_checkpoint, tmp_path):
-    """From a folder the writer holds about one tensor at a time: the peak of numpy's
-    allocations stays under three times the largest tensor (embeddings, 113 MB in f32;
-    the model is 538 MB)."""
+    """From a folder the writer streams each tensor in blocks of a few MB: the peak of
+    numpy's allocations stays far under the largest tensor (embeddings, 113 MB in f32;
+    the model is 538 MB; measured 30 MB, the bf16 export included)."""
     largest = 49152 * 576 * 4
     tracemalloc.start()
     try:
@@ -258,7 +258,7 @@ def test_smollm2_streams_with_bounded_memory(smollm2_checkpoint, tmp_path):
     finally:
         tracemalloc.stop()
     print(f"peak traced {peak / 1e6:.0f} MB, largest tensor {largest / 1e6:.0f} MB")
-    assert peak < 3 * largest
+    assert peak < largest / 2
 
 
 def _kill_midway(cmd: list[str], final: Path, tmp_path: Path) -> None:
