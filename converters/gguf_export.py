@@ -25,6 +25,7 @@ import numpy as np
 from linnet.converters.gguf_names import (
     add_metadata,
     add_tokenizer,
+    copy_tokenizer,
     extra_rule,
     metadata_values,
 )
@@ -204,7 +205,10 @@ def export_gguf(
     add_metadata(writer, metadata_values(spec, config))
     for rule_name in spec.extra.values():
         add_metadata(writer, extra_rule(rule_name, manifest.path.name).export(config)[1])
-    add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
+    if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
+        copy_tokenizer(writer, Path(weights.origin))
+    else:
+        add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
     for key, value in (extra_metadata or {}).items():
         writer.add_string(key, str(value))
     for it in items:

@@ -320,6 +320,26 @@ def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
     return "gpt2"
 
 
+def copy_tokenizer(writer, gguf_path: Path) -> str:
+    """Carry a GGUF file's tokenizer over as it is: every `tokenizer.*` key with its type
+    (re-exporting a GGUF as another dtype keeps its vocabulary and chat template)."""
+    from gguf import GGUFValueType
+    from linnet.converters.gguf_import import open_reader
+
+    model = "none"
+    for key, f in open_reader(gguf_path).fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), vtype, sub_type=sub)
+        if key == "tokenizer.ggml.model":
+            model = f.contents()
+    if model == "none":
+        writer.add_tokenizer_model("none")
+    return model
+
+
 def special_token_ids(fields: Mapping[str, Any]) -> dict[str, int]:
     """bos/eos/pad/unk token ids from a GGUF file's key/values, as config.json names them."""
     out = {}

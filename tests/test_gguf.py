@@ -139,6 +139,16 @@ def test_written_values_are_the_cast(tiny_checkpoint, tiny_gguf, dtype):
         assert torch.equal(back[name], want.reshape(t.shape)), name
 
 
+def test_export_of_a_loaded_model_is_the_export_of_its_folder(tiny_checkpoint, tiny_gguf, tmp_path):
+    src = tiny_checkpoint("phi3", "window")
+    from_model = linnet.gguf.export(lt.load(src), tmp_path / "m.gguf", dtype="f32", progress=False)
+    a = {t.name: t for t in gguf.GGUFReader(from_model).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(tiny_gguf("Phi3ForCausalLM", "window")).tensors}
+    assert list(a) == list(b)
+    for name in a:
+        assert np.array_equal(np.asarray(a[name].data), np.asarray(b[name].data)), name
+
+
 def test_metadata_and_names(tiny_gguf):
     reader = gguf.GGUFReader(tiny_gguf("Qwen3ForCausalLM", "base"))
     fields = {k: f.contents() for k, f in reader.fields.items()}
@@ -445,6 +455,13 @@ def test_import_smollm2_q4_1(tmp_path):
         assert delta <= 1e-4
         assert int(got.argmax()) == int(want.argmax())
     del reference
+
+    again_gguf = linnet.gguf.export(smollm2_gguf_path(), tmp_path / "f16.gguf", progress=False)
+    want_fields, got_fields = (
+        {k: f.contents() for k, f in gguf.GGUFReader(p).fields.items() if k.startswith("tok")}
+        for p in (smollm2_gguf_path(), again_gguf)
+    )
+    assert got_fields == want_fields  # GGUF -> GGUF keeps the tokenizer as it was
 
     out = linnet.hf.export(smollm2_gguf_path(), tmp_path / "out", progress=False)
     exported = AutoModelForCausalLM.from_pretrained(
