@@ -216,6 +216,7 @@ def load(
     device="cpu",
     numerics: str = "equivalent",
     max_positions: int | None = None,
+    mode: str = "interpret",
 ):
     """A GGUF file as a Linnet model on PyTorch (dequantized; default dtype f32)."""
     import torch
@@ -238,7 +239,13 @@ def load(
         for name, x in zip(g.params, w.read(g), strict=True):
             params[name] = to_torch(x, torch_dtype).to(device)
     model = TorchModel(
-        w.source, config, params, device=device, numerics=numerics, hf_config=w.hf_config
+        w.source,
+        config,
+        params,
+        device=device,
+        numerics=numerics,
+        mode=mode,
+        hf_config=w.hf_config,
     )
     model.gguf_metadata = w.gguf_metadata
     model.origin = w.origin

@@ -27,7 +27,8 @@ def load(
     max_positions: int | None = None,
     mode: str = "interpret",
 ) -> TorchModel:
-    """A local HF checkpoint folder (config.json + safetensors) as a Linnet model.
+    """A local HF checkpoint folder (config.json + safetensors), or a `.gguf` file, as a
+    Linnet model.
 
     dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype.
     max_positions: KV-cache length; default the config's context, capped at 4096.
@@ -36,6 +37,17 @@ def load(
     numerics: "equivalent" (the reference's f32 norms and softmax) or "fast"
         (fused kernels; generated and compiled modes).
     """
+    if str(path).endswith(".gguf"):  # llama.cpp's format: dequantized on load
+        from linnet.converters.gguf_import import load as load_gguf
+
+        return load_gguf(
+            path,
+            dtype=dtype,
+            device=device,
+            numerics=numerics,
+            max_positions=max_positions,
+            mode=mode,
+        )
     plan, source, config, hf_config = plan_checkpoint(
         path, dtype=dtype, max_positions=max_positions
     )

@@ -215,3 +215,15 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
     text = out.read_text()
     assert "class Gpt2(nn.Module)" in text and "def decode(self, tokens, at, kv=None)" in text
     assert "import linnet" not in text and "from linnet" not in text
+
+
+def test_torch_load_takes_a_gguf_file(tmp_path):
+    """A .gguf path goes through the GGUF importer, in any mode."""
+    import linnet.gguf
+    from tests.checkpoints import smollm2_gguf_path
+
+    path = str(smollm2_gguf_path())
+    ids = torch.tensor([[1, 504, 19556, 1780]])
+    want = linnet.gguf.load(path).forward(ids)
+    got = lt.load(path, mode="generated").forward(ids)
+    assert (got - want).abs().max().item() <= EQUIVALENT_TOL
