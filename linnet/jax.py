@@ -21,7 +21,7 @@ import numpy as np
 from linnet.backends.jax_codegen import guard_dims, state_shape
 from linnet.backends.jax_prelude import nest_params
 from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
-from linnet.errors import CheckpointError, LinnetError, RuntimeGuardError
+from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.loading import plan_checkpoint
 from linnet.source import Source
 
@@ -210,22 +210,10 @@ def load_source(
     (numpy arrays, jax arrays, or anything numpy reads)."""
     source = Source.load(source_path)
     config = source.config(config)
-    layout = source.params(config)
-    missing = sorted(set(layout.shapes) - set(weights))
-    extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
-    if missing or extra:
-        raise CheckpointError(
-            f"weights do not fit {source_path}: missing {missing[:5]}, unexpected {extra[:5]}",
-            tensor=(missing or extra)[0],
-        )
+    weights = {name: np.asarray(w) for name, w in weights.items()}
+    layout = source.check_weights(config, weights, str(source_path))
     params = {}
     for name, t in layout.shapes.items():
-        want = tuple(d.value for d in t.shape)
-        array = np.asarray(weights[name])
-        if tuple(array.shape) != want:
-            raise CheckpointError(
-                f"param `{name}` must have shape {want}, got {tuple(array.shape)}", tensor=name
-            )
-        params[name] = array.astype(numpy_dtype(t.dtype))
+        params[name] = weights[name].astype(numpy_dtype(t.dtype))
     runner = JitRunner(source, config, numerics)
     return JaxModel(source, config, params, runner)

@@ -15,7 +15,7 @@ from linnet.check.config import resolve_config
 from linnet.check.diagnostics import DiagnosticError
 from linnet.check.elaborate import Elaborator, check_source
 from linnet.check.values import BlockInfo, Frame
-from linnet.errors import SourceError
+from linnet.errors import CheckpointError, SourceError
 from linnet.ir.graph import Graph
 from linnet.ir.types import TensorType
 from linnet.syntax import ast as A
@@ -92,6 +92,27 @@ class Source:
                 layout.tied[prefix + name] = prefix + node.alias.id
             elif cond or node.alias is not None:  # an untied alias is a param of its own
                 layout.shapes[prefix + name] = node.resolved
+
+    def check_weights(self, config: dict, weights: dict, where: str = "") -> ParamLayout:
+        """The layout for `config`, after checking that `weights` (any arrays with a
+        `.shape`) hold exactly its params with their shapes (tied params may be left out)."""
+        layout = self.params(config)
+        where = where or self.module.path
+        missing = sorted(set(layout.shapes) - set(weights))
+        extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
+        if missing or extra:
+            raise CheckpointError(
+                f"weights do not fit {where}: missing {missing[:5]}, unexpected {extra[:5]}",
+                tensor=(missing or extra)[0],
+            )
+        for name, t in layout.shapes.items():
+            want = tuple(d.value for d in t.shape)
+            if tuple(weights[name].shape) != want:
+                raise CheckpointError(
+                    f"param `{name}` must have shape {want}, got {tuple(weights[name].shape)}",
+                    tensor=name,
+                )
+        return layout
 
     def lower(self, config: dict, entry: str) -> Graph:
         try:

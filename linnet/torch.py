@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from linnet.backends.interp import TORCH_DTYPES
-from linnet.errors import CheckpointError
 from linnet.loading import plan_checkpoint
 from linnet.runtime import TorchModel
 from linnet.source import Source
@@ -71,22 +70,9 @@ def load_source(
     """A source outside the zoo with a config and params named as the source names them."""
     source = Source.load(source_path)
     config = source.config(config)
-    layout = source.params(config)
-    missing = sorted(set(layout.shapes) - set(weights))
-    extra = sorted(set(weights) - set(layout.shapes) - set(layout.tied))
-    if missing or extra:
-        raise CheckpointError(
-            f"weights do not fit {source_path}: missing {missing[:5]}, unexpected {extra[:5]}",
-            tensor=(missing or extra)[0],
-        )
+    layout = source.check_weights(config, weights, str(source_path))
     params = {}
     for name, t in layout.shapes.items():
-        want = tuple(d.value for d in t.shape)
-        if tuple(weights[name].shape) != want:
-            raise CheckpointError(
-                f"param `{name}` must have shape {want}, got {tuple(weights[name].shape)}",
-                tensor=name,
-            )
         params[name] = weights[name].to(device=device, dtype=TORCH_DTYPES[t.dtype])
     for name, target in layout.tied.items():
         params[name] = params[target]

@@ -61,7 +61,11 @@ def torch_command(src: str, output: Path | None, numerics: str, config: str | No
     from linnet.backends.torch_codegen import generate
 
     source, cfg = resolve_source_and_config(src, config)
-    text = generate(source, cfg, numerics)
+    emit_source(generate(source, cfg, numerics), output)
+
+
+def emit_source(text: str, output: Path | None) -> None:
+    """Generated code to stdout, or to `output` through a temporary name."""
     if output is None:
         click.echo(text, nl=False)
         return

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from linnet.commands.codegen import resolve_source_and_config
+from linnet.commands.codegen import emit_source, resolve_source_and_config
 
 _SRC = click.argument("src")
 _CONFIG = click.option(
@@ -39,14 +39,7 @@ def jax_command(src: str, output: Path | None, numerics: str, config: str | None
     from linnet.backends.jax_codegen import generate
 
     source, cfg = resolve(src, config)
-    text = generate(source, cfg, numerics)
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(output)
-    click.echo(f"wrote {output} ({len(text.splitlines())} lines)", err=True)
+    emit_source(generate(source, cfg, numerics), output)
 
 
 @click.command("stablehlo")
