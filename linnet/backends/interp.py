@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from linnet.backends import torch_prelude
-from linnet.backends.torch_emit import Lines, Spell, emit
+from linnet.backends.emit import Lines
+from linnet.backends.torch_emit import Spell, emit
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
 from linnet.ir.passes import inplace_updates

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 
-from linnet.backends.torch_emit import Lines, Spell
+from linnet.backends.emit import Lines, emit_node
+from linnet.backends.torch_emit import Spell
 from linnet.check.dims import Poly
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
@@ -205,13 +206,5 @@ for _name in BINARY + COMPARE + LOGICAL:
 
 
 def emit(node, spell: JaxSpell, inputs: list[str]):
-    """The text of one node: an expression, or Lines. Adds what emitters need beyond
-    attrs: a guard's source position, the sizes of a state write, the head dim."""
-    attrs = dict(node.attrs)
-    if node.op == "guard":
-        attrs["where"] = node.where
-    elif node.op in ("update_slice", "update_rows"):
-        attrs["sizes"] = node.inputs[1].type.shape
-    elif node.op == "rope":
-        attrs["head_dim"] = node.inputs[0].type.shape[-1].value
-    return EMITTERS[node.op](attrs, spell, *inputs)
+    """The text of one node: an expression, or Lines."""
+    return emit_node(EMITTERS, node, spell, inputs)

@@ -15,7 +15,8 @@ import inspect
 import re
 
 from linnet.backends import torch_prelude
-from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Lines, Spell, emit
+from linnet.backends.emit import Lines
+from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Spell, emit
 from linnet.ir.graph import Graph
 from linnet.ir.passes import dedupe_guards, inplace_updates, verify
 from linnet.source import Source

@@ -11,8 +11,7 @@ numerics="equivalent", the fused `fast` ones in numerics="fast".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from linnet.backends.emit import Lines, emit_node
 from linnet.check.dims import Poly
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
@@ -24,14 +23,6 @@ TORCH_DTYPE_NAMES = {
     "i32": "torch.int32",
     "bool": "torch.bool",
 }
-
-
-@dataclass
-class Lines:
-    """Statements to run, and the expression that holds the result afterwards."""
-
-    lines: list[str]
-    value: str | None
 
 
 class Spell:
@@ -228,13 +219,5 @@ for _name in BINARY + COMPARE + LOGICAL:
 
 
 def emit(node, spell: Spell, inputs: list[str]):
-    """The text of one node: an expression, or Lines. Adds what emitters need to
-    know beyond attrs: a guard's source position, sizes of a state write, head dim."""
-    attrs = dict(node.attrs)
-    if node.op == "guard":
-        attrs["where"] = node.where
-    elif node.op in ("update_slice", "update_rows"):
-        attrs["sizes"] = node.inputs[1].type.shape
-    elif node.op == "rope":
-        attrs["head_dim"] = node.inputs[0].type.shape[-1].value
-    return EMITTERS[node.op](attrs, spell, *inputs)
+    """The text of one node: an expression, or Lines."""
+    return emit_node(EMITTERS, node, spell, inputs)
