@@ -291,25 +291,11 @@ class Rule:
         default equal parts."""
         for t in self.transforms:
             x = t.apply(x)
-        if self.split_axis is None:
-            return [x]
-        ax, n = self.split_axis, len(self.params)
-        if sizes is None:
-            if x.shape[ax] % n:
-                raise ValueError(f"cannot split axis {ax} of size {x.shape[ax]} into {n} parts")
-            sizes = [x.shape[ax] // n] * n
-        if sum(sizes) != x.shape[ax]:
-            raise ValueError(f"split sizes {sizes} do not add up to {x.shape[ax]}")
-        out, start = [], 0
-        for s in sizes:
-            index = (slice(None),) * ax + (slice(start, start + s),)
-            out.append(x[index])
-            start += s
-        return out
+        return self.split(x, sizes)
 
     def inverse(self, parts: list):
         """Param tensors -> the HF tensor (contiguous)."""
-        x = parts[0] if self.split_axis is None else _concat(list(parts), self.split_axis)
+        x = self.joined(parts)
         for t in reversed(self.transforms):
             x = t.invert(x)
         return _contiguous(x)
