@@ -22,11 +22,12 @@ from linnet.backends.jax_codegen import guard_dims, state_shape
 from linnet.backends.jax_prelude import nest_params
 from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
 from linnet.errors import LinnetError, RuntimeGuardError
+from linnet.generation import Generation, check_ids
 from linnet.loading import plan_checkpoint
 from linnet.source import Source
 
 
-class JaxModel:
+class JaxModel(Generation):
     def __init__(self, source: Source, config: dict, params: dict, runner, *, hf_config=None):
         self.source = source
         self.config = config
@@ -71,40 +72,6 @@ class JaxModel:
         self.state = {}
         self.position = 0
 
-    def generate(
-        self,
-        ids,
-        max_new_tokens: int,
-        *,
-        eos_token_id=None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        seed: int = 0,
-        on_token=None,
-    ) -> jax.Array:
-        """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default."""
-        ids = self._ids(ids)
-        self.reset()
-        eos = sorted(set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or []))
-        key = jax.random.PRNGKey(seed)
-        logits = self.decode(ids, 0)
-        out = [ids]
-        done = np.zeros(ids.shape[0], dtype=bool)
-        for step in range(max_new_tokens):
-            key, sub = jax.random.split(key)
-            token = _pick(logits, do_sample, temperature, top_k, sub)
-            out.append(token[:, None])
-            if on_token is not None:
-                on_token(token)
-            if eos:
-                done |= np.isin(np.asarray(token), eos)
-                if done.all():
-                    break
-            if step + 1 < max_new_tokens:
-                logits = self._decode(token[:, None], self.position)
-        return jnp.concatenate(out, axis=1)
-
     # -- helpers -------------------------------------------------------------------------
     def _run(self, name: str, inputs: list, dim_values: dict) -> list:
         entry = self.runner.entries[name]
@@ -122,19 +89,20 @@ class JaxModel:
         return outputs
 
     def _ids(self, ids) -> jax.Array:
-        ids = np.asarray(ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise LinnetError(
-                f"token ids must be integers [B, S], got {ids.dtype}{list(ids.shape)}"
-            )
-        vocab = self.config.get("vocab")
-        if ids.size and vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise LinnetError(
-                f"token ids must lie in [0, {vocab}), got {int(ids.min())} to {int(ids.max())}"
-            )
-        return jnp.asarray(ids, dtype=jnp.int32)
+        return jnp.asarray(check_ids(ids, self.config.get("vocab")), dtype=jnp.int32)
+
+    def _sampler(self, do_sample, temperature, top_k, seed: int = 0):
+        keys = [jax.random.PRNGKey(seed)]
+
+        def pick(logits):
+            keys[0], sub = jax.random.split(keys[0])
+            return _pick(logits, do_sample, temperature, top_k, sub)
+
+        return pick
+
+    @staticmethod
+    def _concat(parts) -> jax.Array:
+        return jnp.concatenate(parts, axis=1)
 
     def _ensure_state(self, batch: int, pos: int) -> None:
         for entry in self.runner.entries.values():

@@ -1,7 +1,7 @@
-"""`linnet export hf|gguf SRC --out ...` and `linnet push DIR --repo ORG/NAME`.
+"""`linnet export hf|gguf|onnx SRC --out ...` and `linnet push DIR --repo ORG/NAME`.
 
-SRC is an HF checkpoint folder, a .gguf file or (with the zoo) an entry name. Other
-formats register on the `export` group: `@export.command("onnx")`.
+SRC is an HF checkpoint folder, a .gguf file or (with the zoo) an entry name. Each
+format is a command on the `export` group.
 """
 
 from __future__ import annotations
@@ -66,6 +66,25 @@ def export_gguf(src: str, out: Path, dtype: str, no_tokenizer: bool, force: bool
         progress=not quiet,
     )
     click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {dtype})")
+
+
+@export.command("onnx")
+@click.argument("src")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="folder")
+@click.option("--dtype", default=None, help="f32, f16 or bf16 (default: as stored)")
+@click.option("--max-positions", type=int, default=None, help="KV-cache rows (default ≤4096)")
+@click.option("--force", is_flag=True, help="replace an existing folder")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def export_onnx(src: str, out: Path, dtype, max_positions, force: bool, quiet: bool) -> None:
+    """One ONNX model per entry point (forward, decode with its KV cache), emitted from
+    the Core IR, sharing one external weights file; onnxruntime runs it."""
+    import linnet.onnx
+
+    path = linnet.onnx.export(
+        src, out, dtype=dtype, max_positions=max_positions, overwrite=force, progress=not quiet
+    )
+    files = sorted(p.name for p in path.iterdir())
+    click.echo(f"wrote {path}: {', '.join(files)}")
 
 
 @click.command()

@@ -27,13 +27,14 @@ def _finish(graph: Graph, out: Graph, mapping: dict) -> Graph:
     return out
 
 
-def decompose(graph: Graph) -> Graph:
-    """Replace every library op by its reference decomposition (numerics=equivalent)."""
+def decompose(graph: Graph, keep=frozenset()) -> Graph:
+    """Replace every library op by its reference decomposition (numerics=equivalent),
+    but those in `keep` (a backend's native emitters)."""
     out, mapping = _copy_frame(graph)
     b = GraphBuilder(out)
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
-        if OPS[node.op].kind == "library":
+        if OPS[node.op].kind == "library" and node.op not in keep:
             result = DECOMPOSITIONS[node.op](b, *ins, **node.attrs)
             if result.type != node.output.type:
                 raise AssertionError(

@@ -1,0 +1,287 @@
+"""The ONNX backend: one emitter per Core-IR op, writing ONNX nodes.
+
+An emitter takes (attrs, b, *inputs), where inputs are ONNX value names and `b` is
+the `OnnxBuilder` of the graph being written, and returns the name of the op's
+result (None for guards, which the runtime checks on the host). Runtime dims
+(B, S, P…) are computed in the graph from input shapes (`b.dim`), so one model
+serves every batch, length and position.
+
+Library ops with a native ONNX op (linear, layer_norm, softmax, silu, gelu) are
+emitted as that op; the others (rms_norm, rope, attention) are decomposed into
+primitives first (`linnet/ir/library.py`), so ONNX runs the reference's math.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from linnet.backends.emit import node_attrs
+from linnet.check.dims import Poly
+
+OPSET = 21  # Gelu (20), LayerNormalization (17), reduce axes as inputs (18)
+IR_VERSION = 10  # what opset 21 needs; onnxruntime 1.20 and newer read it
+
+ONNX_DTYPES = {
+    "f32": TensorProto.FLOAT,
+    "f16": TensorProto.FLOAT16,
+    "bf16": TensorProto.BFLOAT16,
+    "i64": TensorProto.INT64,
+    "i32": TensorProto.INT32,
+    "bool": TensorProto.BOOL,
+}
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32}
+NUMPY_DTYPES["bool"] = np.bool_
+
+
+class OnnxBuilder:
+    """Nodes and constants of one graph, and the runtime dims as 1-D int64 values."""
+
+    def __init__(self, dim_sources: dict[str, tuple[str, int | None]]) -> None:
+        # atom -> (value, axis): a dim is an axis of an input, or (value, None) a scalar input
+        self.dim_sources = dim_sources
+        self.nodes: list = []
+        self.constants: list = []
+        self._names: set[str] = set()
+        self._dims: dict[Poly, str] = {}
+        self._consts: dict[tuple, str] = {}
+
+    def fresh(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self._names:
+            i += 1
+            name = f"{hint}_{i}"
+        self._names.add(name)
+        return name
+
+    def node(self, op_type: str, inputs: list[str], hint: str = "", **attrs) -> str:
+        out = self.fresh(hint or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def const(self, value, dtype: str = "i64") -> str:
+        array = np.asarray(value, dtype=NUMPY_DTYPES[dtype])
+        key = (dtype, array.shape, array.tobytes())
+        if key not in self._consts:
+            name = self.fresh("const")
+            self.constants.append(numpy_helper.from_array(array, name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def float_const(self, value, dtype: str) -> str:
+        """A float constant in `dtype`; bf16 (which numpy lacks) is cast from f32."""
+        if dtype != "bf16":
+            return self.const(value, dtype)
+        return self.node("Cast", [self.const(value, "f32")], to=ONNX_DTYPES["bf16"])
+
+    # -- runtime dims ------------------------------------------------------------------
+    def dim(self, p) -> str:
+        """A dim polynomial as a 1-D int64 value of one element."""
+        p = Poly.lift(p)
+        if p.is_const:
+            return self.const([p.value])
+        if p not in self._dims:
+            self._dims[p] = self._dim_value(p)
+        return self._dims[p]
+
+    def _dim_value(self, p: Poly) -> str:
+        atom = p.as_atom()
+        if atom is not None:
+            value, axis = self.dim_sources[atom]
+            if axis is None:  # a scalar input such as the decode position
+                return self.node("Reshape", [value, self.const([1])], hint=f"dim_{atom}")
+            return self.node("Shape", [value], hint=f"dim_{atom}", start=axis, end=axis + 1)
+        total = None
+        for mono, coef in p.terms:
+            term = self.const([coef])
+            for a in mono:
+                term = self.node("Mul", [term, self.dim(Poly.atom(a))])
+            total = term if total is None else self.node("Add", [total, term])
+        return total
+
+    def scalar(self, p) -> str:
+        """A dim polynomial as a 0-D int64 value (what Range takes)."""
+        p = Poly.lift(p)
+        if p.is_const:
+            return self.const(p.value)
+        return self.node("Squeeze", [self.dim(p), self.const([0])])
+
+    def dims(self, ps) -> str:
+        """A shape: a 1-D int64 value with one element per dim."""
+        ps = [Poly.lift(p) for p in ps]
+        if all(p.is_const for p in ps):
+            return self.const([p.value for p in ps])
+        return self.node("Concat", [self.dim(p) for p in ps], axis=0)
+
+
+# -- emitters ----------------------------------------------------------------------------
+def _const(a, b, *_):
+    if a["dtype"] in ("f32", "f16", "bf16"):
+        return b.float_const(a["value"], a["dtype"])
+    return b.const(a["value"], a["dtype"])
+
+
+def _iota(a, b):
+    start = Poly.lift(a["start"])
+    stop = start + Poly.lift(a["length"])
+    out = b.node("Range", [b.scalar(start), b.scalar(stop), b.const(1)])
+    return out if a["dtype"] == "i64" else b.node("Cast", [out], to=ONNX_DTYPES[a["dtype"]])
+
+
+def _reduce(op_type):
+    def emit(a, b, x):
+        keep = int(a.get("keepdims", True))
+        return b.node(op_type, [x, b.const([a["axis"]])], keepdims=keep)
+
+    return emit
+
+
+def _slice(a, b, x, shape=None):
+    shape = shape or a["in_shape"]
+    axes = [
+        i
+        for i, (lo, hi) in enumerate(zip(a["starts"], a["stops"]))
+        if Poly.lift(lo) != Poly.const(0) or Poly.lift(hi) != shape[i]
+    ]
+    if not axes:
+        return x
+    starts = b.dims([a["starts"][i] for i in axes])
+    stops = b.dims([a["stops"][i] for i in axes])
+    return b.node("Slice", [x, starts, stops, b.const(axes)])
+
+
+def _write_box(b, x, shape, starts, sizes, write):
+    """x with `write(box)` replacing the box at `starts` of `sizes`: along each axis the
+    box does not cover, the rows before and after it are kept and concatenated around."""
+    for axis, (lo, n) in enumerate(zip(starts, sizes)):
+        lo, n = Poly.lift(lo), Poly.lift(n)
+        if lo == Poly.const(0) and n == shape[axis]:
+            continue
+        zero = [Poly.const(0)] * len(shape)
+        before = _slice({"starts": zero, "stops": _with(shape, axis, lo)}, b, x, shape)
+        inner_starts = _with(zero, axis, lo)
+        inside = _slice({"starts": inner_starts, "stops": _with(shape, axis, lo + n)}, b, x, shape)
+        after_starts = _with(zero, axis, lo + n)
+        after = _slice({"starts": after_starts, "stops": shape}, b, x, shape)
+        middle = _write_box(b, inside, _with(shape, axis, n), _with(starts, axis, 0), sizes, write)
+        return b.node("Concat", [before, middle, after], axis=axis)
+    return write(x)
+
+
+def _with(seq, i, value):
+    out = list(seq)
+    out[i] = Poly.lift(value)
+    return out
+
+
+def _update_slice(a, b, x, update):
+    return _write_box(b, x, a["in_shape"], a["starts"], a["sizes"], lambda box: update)
+
+
+def _update_rows(a, b, x, update, positions):
+    axis = a["axis"]
+    rank = len(a["sizes"])
+
+    def scatter(box):
+        index_shape = b.dims([-1 if i == axis else 1 for i in range(rank)])
+        index = b.node("Reshape", [positions, index_shape])
+        index = b.node("Expand", [index, b.node("Shape", [update])])
+        return b.node("ScatterElements", [box, index, update], axis=axis)
+
+    shape = list(a["in_shape"])
+    sizes = _with(a["sizes"], axis, shape[axis])  # whole rows: the positions pick them
+    return _write_box(b, x, shape, a["starts"], sizes, scatter)
+
+
+def _linear(a, b, x, w, bias=None):
+    y = b.node("MatMul", [x, b.node("Transpose", [w], perm=[1, 0])])
+    return y if bias is None else b.node("Add", [y, bias])
+
+
+def _cast_between(b, x, have: str, want: str) -> str:
+    return x if have == want else b.node("Cast", [x], to=ONNX_DTYPES[want])
+
+
+def _layer_norm(a, b, x, w, bias):
+    # LayerNormalization computes in f32 (stash_type 1) like the reference; the reference
+    # rounds to the input dtype before the scale, so low precision is left to it.
+    return b.node("LayerNormalization", [x, w, bias], axis=-1, epsilon=a["eps"])
+
+
+def _softmax(a, b, x):
+    h = _cast_between(b, x, a["dtype"], "f32")
+    return _cast_between(b, b.node("Softmax", [h], axis=a["axis"]), "f32", a["dtype"])
+
+
+UNARY = {
+    "neg": "Neg",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "tanh": "Tanh",
+    "erf": "Erf",
+    "sin": "Sin",
+    "cos": "Cos",
+    "sigmoid": "Sigmoid",
+    "abs": "Abs",
+}
+BINARY = {
+    "add": "Add",
+    "sub": "Sub",
+    "mul": "Mul",
+    "div": "Div",
+    "pow": "Pow",
+    "maximum": "Max",
+    "minimum": "Min",
+    "lt": "Less",
+    "le": "LessOrEqual",
+    "gt": "Greater",
+    "ge": "GreaterOrEqual",
+    "eq": "Equal",
+    "logical_and": "And",
+    "logical_or": "Or",
+}
+
+EMITTERS = {
+    "const": _const,
+    "iota": _iota,
+    "cast": lambda a, b, x: _cast_between(b, x, a["in_dtype"], a["dtype"]),
+    "rsqrt": lambda a, b, x: b.node("Reciprocal", [b.node("Sqrt", [x])]),
+    "ne": lambda a, b, x, y: b.node("Not", [b.node("Equal", [x, y])]),
+    "where": lambda a, b, c, x, y: b.node("Where", [c, x, y]),
+    "reduce_sum": _reduce("ReduceSum"),
+    "reduce_max": _reduce("ReduceMax"),
+    "reduce_mean": _reduce("ReduceMean"),
+    "matmul": lambda a, b, x, y: b.node("MatMul", [x, y]),
+    "reshape": lambda a, b, x: b.node("Reshape", [x, b.dims(a["shape"])]),
+    "transpose": lambda a, b, x: b.node("Transpose", [x], perm=list(a["perm"])),
+    "slice": _slice,
+    "concat": lambda a, b, *xs: b.node("Concat", list(xs), axis=a["axis"]),
+    "take": lambda a, b, table, idx: b.node("Gather", [table, idx], axis=0),
+    "update_slice": _update_slice,
+    "update_rows": _update_rows,
+    "guard": lambda a, b: None,  # checked on the host before each run (see onnx_graph)
+    # library ops with a native ONNX op; the rest are decomposed before emission
+    "linear": _linear,
+    "layer_norm": _layer_norm,
+    "softmax": _softmax,
+    "silu": lambda a, b, x: b.node("Mul", [x, b.node("Sigmoid", [x])]),
+    "gelu": lambda a, b, x: b.node("Gelu", [x], approximate=a.get("approx") or "none"),
+}
+for _name, _op in UNARY.items():
+    EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])
+for _name, _op in BINARY.items():
+    EMITTERS[_name] = lambda a, b, x, y, _op=_op: b.node(_op, [x, y])
+
+NATIVE_LIBRARY_OPS = frozenset({"linear", "layer_norm", "softmax", "silu", "gelu"})
+
+
+def emit(node, b: OnnxBuilder, inputs: list[str]) -> str | None:
+    """The ONNX value holding one node's result (nodes are appended to `b`)."""
+    attrs = node_attrs(node)
+    if node.inputs:
+        attrs["in_shape"] = node.inputs[0].type.shape
+        attrs["in_dtype"] = node.inputs[0].type.dtype
+    if node.output is not None:
+        attrs.setdefault("dtype", node.output.type.dtype)
+    return EMITTERS[node.op](attrs, b, *inputs)

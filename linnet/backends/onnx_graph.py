@@ -1,0 +1,150 @@
+"""Core IR to an ONNX model, one entry point per model.
+
+    entry = prepare(source, config, "decode")     # lowered, states split, decomposed
+    model = to_model(entry, initializers)          # onnx.ModelProto
+
+Inputs keep the source's names (`tokens`), a dim argument (`at`) is an int64
+scalar input, each state part is an input (`kv.3.1`) and an output
+(`kv.3.1.next`), and the entry's result is `output`. Shapes carry the runtime
+dims by name (`B`, `S`), so onnxruntime serves every batch, length and position
+with one model. Params are initializers whose data `initializers` places (the
+exporter puts them in one external file that every entry's model shares).
+`require`s and table bounds become host-side guards (`Entry.guards`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from onnx import TensorProto, helper
+
+from linnet.backends.onnx_emit import (
+    IR_VERSION,
+    NATIVE_LIBRARY_OPS,
+    ONNX_DTYPES,
+    OPSET,
+    OnnxBuilder,
+    emit,
+)
+from linnet.check.dims import Poly
+from linnet.ir.graph import Graph, Node
+from linnet.ir.passes import decompose, dedupe_guards, verify
+from linnet.ir.state_split import split_states
+from linnet.source import Source
+
+OUTPUT = "output"
+NEXT = ".next"  # a state part's output is its input's name plus this
+
+
+@dataclass
+class Entry:
+    name: str
+    graph: Graph
+    guards: list[Node] = field(default_factory=list)
+    state_parts: dict[str, list[str]] = field(default_factory=dict)  # state -> part inputs
+
+
+def prepare(source: Source, config: dict, entry: str) -> Entry:
+    """Lower, verify, split the state per layer, and decompose what ONNX has no op for."""
+    graph = dedupe_guards(source.lower(config, entry))
+    verify(graph)
+    graph, parts = split_states(graph)
+    verify(graph)
+    graph = decompose(graph, keep=NATIVE_LIBRARY_OPS)
+    verify(graph)
+    guards = [n for n in graph.nodes if n.op == "guard"]
+    return Entry(entry, graph, guards, parts)
+
+
+def dim_sources(graph: Graph) -> dict[str, tuple[str, int | None]]:
+    """Where each runtime dim can be read: an input's axis, or a scalar dim input."""
+    sources: dict[str, tuple[str, int | None]] = {}
+    for arg, atom in graph.dim_inputs.items():
+        sources[atom] = (arg, None)
+    for name, value in [(v.name, v) for v in graph.inputs] + list(graph.states.items()):
+        for axis, d in enumerate(value.type.shape):
+            atom = Poly.lift(d).as_atom()
+            if atom is not None:
+                sources.setdefault(atom, (name, axis))
+    return sources
+
+
+def value_info(name: str, t) -> TensorProto:
+    shape = [d.value if d.is_const else (d.as_atom() or str(d)) for d in map(Poly.lift, t.shape)]
+    return helper.make_tensor_value_info(name, ONNX_DTYPES[t.dtype], shape)
+
+
+def to_model(entry: Entry, initializers: list[TensorProto], tied: dict[str, str]):
+    """The ONNX model of one entry. `initializers` hold the params' data (or point to it);
+    `tied` maps a param to the param whose initializer it shares."""
+    g = entry.graph
+    b = OnnxBuilder(dim_sources(g))
+    names: dict = {}
+    for v in g.inputs:
+        names[v] = v.name
+    for name, v in g.params.items():
+        names[v] = tied.get(name, name)
+    for name, v in g.states.items():
+        names[v] = name
+    for node in g.nodes:
+        result = emit(node, b, [names[v] for v in node.inputs])
+        if node.output is not None:
+            names[node.output] = result
+    inputs = [value_info(v.name, v.type) for v in g.inputs]
+    inputs += [helper.make_tensor_value_info(arg, TensorProto.INT64, []) for arg in g.dim_inputs]
+    inputs += [value_info(name, v.type) for name, v in g.states.items()]
+    outputs = []
+    for i, v in enumerate(g.outputs):
+        outputs.append(_named_output(b, names[v], OUTPUT if i == 0 else f"{OUTPUT}{i}", v))
+    for name, v in g.state_outputs.items():
+        outputs.append(_named_output(b, names[v], name + NEXT, v))
+    used = {i for n in b.nodes for i in n.input}
+    params = [t for t in initializers if t.name in used]
+    graph = helper.make_graph(
+        b.nodes, entry.name, inputs, outputs, initializer=b.constants + params
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="linnet",
+        ir_version=IR_VERSION,
+    )
+    return model
+
+
+def _named_output(b: OnnxBuilder, value: str, name: str, v) -> TensorProto:
+    b.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_out"))
+    return value_info(name, v.type)
+
+
+# -- dims and guards as JSON (the loader evaluates them without the source) --------------
+def poly_to_json(p) -> list:
+    return [[coef, list(mono)] for mono, coef in Poly.lift(p).terms]
+
+
+def guard_json(node: Node) -> dict:
+    a = node.attrs
+    return {
+        "lhs": poly_to_json(a["lhs"]),
+        "rhs": poly_to_json(a["rhs"]),
+        "lhs_text": str(a["lhs"]),
+        "rhs_text": str(a["rhs"]),
+        "message": a["message"],
+        "where": node.where,
+    }
+
+
+def signature(entry: Entry) -> dict:
+    """What a runner needs to call the model: inputs, dims, state parts, guards."""
+    g = entry.graph
+
+    def spec(t):
+        return {"dtype": t.dtype, "shape": [poly_to_json(d) for d in t.shape]}
+
+    return {
+        "inputs": {v.name: spec(v.type) for v in g.inputs},
+        "dims": dict(g.dim_inputs),
+        "states": {name: spec(v.type) for name, v in g.states.items()},
+        "outputs": [OUTPUT if i == 0 else f"{OUTPUT}{i}" for i in range(len(g.outputs))],
+        "guards": [guard_json(n) for n in entry.guards],
+    }

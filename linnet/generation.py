@@ -1,0 +1,67 @@
+"""The generation loop every backend's model shares, over its own `decode`.
+
+A model mixes in `Generation` and provides `_ids(ids)` (validated ids in its array
+type), `_decode(ids, pos)` (last-position logits, the cache advanced),
+`reset()`, `position`, `_sampler(do_sample, temperature, top_k, **rng)` (a function
+logits -> token ids [B]) and `_concat(parts)` (join along the sequence axis).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from linnet.errors import LinnetError
+
+
+class Generation:
+    def generate(
+        self,
+        ids,
+        max_new_tokens: int,
+        *,
+        eos_token_id=None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        on_token=None,
+        **rng,
+    ):
+        """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default.
+        Sampling draws from `generator=` (PyTorch) or `seed=` (JAX, ONNX)."""
+        ids = self._ids(ids)
+        self.reset()
+        eos = sorted(set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or []))
+        pick = self._sampler(do_sample, temperature, top_k, **rng)
+        logits = self._decode(ids, 0)
+        out = [ids]
+        done = np.zeros(ids.shape[0], dtype=bool)
+        for step in range(max_new_tokens):
+            token = pick(logits)
+            out.append(token[:, None])
+            if on_token is not None:
+                on_token(token)
+            if eos:  # one host sync per step, only when there is something to stop at
+                done |= np.isin(np.asarray(_host(token)), eos)
+                if done.all():
+                    break
+            if step + 1 < max_new_tokens:
+                logits = self._decode(token[:, None], self.position)  # ids known valid
+        return self._concat(out)
+
+
+def _host(token):
+    return token.cpu() if hasattr(token, "cpu") else token
+
+
+def check_ids(ids: np.ndarray, vocab: int | None) -> np.ndarray:
+    """Token ids as int64 [B, S] (a 1-D sequence is one batch row), each in [0, vocab)."""
+    ids = np.asarray(ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise LinnetError(f"token ids must be integers [B, S], got {ids.dtype}{list(ids.shape)}")
+    if ids.size and vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise LinnetError(
+            f"token ids must lie in [0, {vocab}), got {int(ids.min())} to {int(ids.max())}"
+        )
+    return ids.astype(np.int64)

@@ -1,0 +1,206 @@
+"""ONNX: export the Core IR as ONNX models, and run them on onnxruntime.
+
+    import linnet.onnx
+    linnet.onnx.export("path/to/SmolLM2-135M-Instruct", "smollm2-onnx/")
+    model = linnet.onnx.load("smollm2-onnx/")         # onnxruntime, CPU by default
+    logits = model.forward(ids)                        # [B, S] -> f32 [B, S, V]
+    model.decode(ids, 0); model.decode(next_ids, ids.shape[1])
+    tokens = model.generate(ids, 20)
+
+The model keeps the contract of `linnet.torch.load`: forward, decode, reset,
+generate. Arrays in are anything numpy reads; arrays out are numpy arrays. Loading
+needs onnxruntime and numpy only. See docs/exports.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from linnet.errors import LinnetError, RuntimeGuardError
+from linnet.generation import Generation, check_ids
+
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32}
+
+
+def export(
+    model,
+    out_dir: str | Path,
+    *,
+    dtype=None,
+    max_positions: int | None = None,
+    tokenizer: str | Path | None = None,
+    architecture: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write `model` (a loaded model, an HF folder, a .gguf file) as ONNX: one model per
+    entry point, sharing one external weights file, plus `linnet.json`, config.json and
+    the tokenizer. dtype: "f32" (default: as stored), "f16" or "bf16" (onnxruntime's CPU
+    kernels cover f32; f16/bf16 are for GPU providers). max_positions: rows of the KV
+    cache the decode model holds (default: the context, capped at 4096).
+    The folder is written under a temporary name and renamed when complete."""
+    from linnet.converters.onnx_export import export_onnx
+    from linnet.converters.weights_io import open_weights
+
+    weights = open_weights(model, architecture=architecture, tokenizer=tokenizer)
+    try:
+        return export_onnx(
+            weights,
+            out_dir,
+            dtype=dtype,
+            max_positions=max_positions,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    finally:
+        weights.close()
+
+
+def load(path: str | Path, *, providers=None, threads: int | None = None) -> OnnxModel:
+    """An exported folder on onnxruntime. providers: onnxruntime execution providers
+    (default CPU); threads: intra-op threads (default: onnxruntime's choice)."""
+    import onnxruntime as ort
+
+    folder = Path(path)
+    sig_path = folder / "linnet.json"
+    if not sig_path.is_file():
+        raise LinnetError(f"{folder}: no linnet.json; is this a `linnet export onnx` folder?")
+    signature = json.loads(sig_path.read_text(encoding="utf-8"))
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    providers = providers or ["CPUExecutionProvider"]
+    sessions = {}
+    for name, entry in signature["entries"].items():
+        try:
+            sessions[name] = ort.InferenceSession(
+                str(folder / entry["file"]), options, providers=providers
+            )
+        except Exception as e:  # onnxruntime raises its own exception types
+            hint = ""
+            if signature["dtype"] == "bf16" and "NOT_IMPLEMENTED" in str(e):
+                hint = " (onnxruntime's CPU kernels lack bf16: export f32 or f16, or use a GPU)"
+            where = folder / entry["file"]
+            raise LinnetError(f"{where}: onnxruntime cannot load it{hint}: {e}") from None
+    return OnnxModel(signature, sessions)
+
+
+class OnnxModel(Generation):
+    def __init__(self, signature: dict, sessions: dict) -> None:
+        self.signature = signature
+        self.config = signature["config"]
+        self.sessions = sessions
+        self.state: dict[str, np.ndarray] = {}
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    # -- entries -----------------------------------------------------------------------
+    def forward(self, ids) -> np.ndarray:
+        """Logits of every position, [B, S, V] (no cache involved)."""
+        return self._run("forward", {"tokens": self._ids(ids)}, {})
+
+    __call__ = forward
+
+    def decode(self, ids, pos: int) -> np.ndarray:
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids: np.ndarray, pos: int) -> np.ndarray:
+        self._ensure_state(ids.shape[0], pos)
+        out = self._run("decode", {"tokens": ids}, {"at": pos})
+        self.position = pos + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state = {}
+        self.position = 0
+
+    # -- helpers -------------------------------------------------------------------------
+    def _run(self, name: str, feeds: dict, dim_values: dict) -> np.ndarray:
+        entry = self.signature["entries"].get(name)
+        if entry is None:
+            raise LinnetError(f"this export has no `{name}` entry")
+        dims = self._bind_dims(entry, feeds, dim_values)
+        _check_guards(entry["guards"], dims)
+        feeds = dict(feeds)
+        feeds.update({arg: np.asarray(dim_values[arg], np.int64) for arg in entry["dims"]})
+        states = list(entry["states"])
+        feeds.update({part: self.state[part] for part in states})
+        names = entry["outputs"] + [part + ".next" for part in states]
+        results = self.sessions[name].run(names, feeds)
+        n = len(entry["outputs"])
+        self.state.update(zip(states, results[n:]))
+        return results[0]
+
+    @staticmethod
+    def _bind_dims(entry: dict, feeds: dict, dim_values: dict) -> dict:
+        dims = {atom: int(dim_values[arg]) for arg, atom in entry["dims"].items()}
+        for name, spec in entry["inputs"].items():
+            for terms, size in zip(spec["shape"], feeds[name].shape):
+                if len(terms) == 1 and terms[0][0] == 1 and len(terms[0][1]) == 1:
+                    dims.setdefault(terms[0][1][0], int(size))
+        return dims
+
+    def _ids(self, ids) -> np.ndarray:
+        return check_ids(ids, self.config.get("vocab"))
+
+    def _sampler(self, do_sample, temperature, top_k, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        return lambda logits: _pick(logits, do_sample, temperature, top_k, rng)
+
+    @staticmethod
+    def _concat(parts) -> np.ndarray:
+        return np.concatenate(parts, axis=1)
+
+    def _ensure_state(self, batch: int, pos: int) -> None:
+        for name, spec in self.signature["entries"]["decode"]["states"].items():
+            shape = tuple(poly_eval(terms, {"B": batch}) for terms in spec["shape"])
+            have = self.state.get(name)
+            if have is not None and have.shape == shape:
+                continue
+            if pos != 0:
+                why = "is empty" if have is None else "holds another batch"
+                raise LinnetError(
+                    f"decode at position {pos} with batch {batch}, but the cache {why}: "
+                    "call reset() and start at position 0"
+                )
+            self.state[name] = np.zeros(shape, NUMPY_DTYPES[spec["dtype"]])
+
+
+def _check_guards(guards: list, dims: dict) -> None:
+    """The source's `require`s, on the host, with the same message as the other backends."""
+    for g in guards:
+        lhs, rhs = poly_eval(g["lhs"], dims), poly_eval(g["rhs"], dims)
+        if lhs > rhs:
+            where = f"{g['where']}: " if g["where"] else ""
+            raise RuntimeGuardError(
+                f"{where}{g['message']} failed: {g['lhs_text']} = {lhs} > {g['rhs_text']} = {rhs}"
+            )
+
+
+def poly_eval(terms: list, dims: dict[str, int]) -> int:
+    """A dim polynomial as `linnet.json` stores it ([[coef, [atoms]], ...]) at `dims`."""
+    total = 0
+    for coef, atoms in terms:
+        for a in atoms:
+            coef *= dims[a]
+        total += coef
+    return total
+
+
+def _pick(logits: np.ndarray, do_sample: bool, temperature: float, top_k, rng) -> np.ndarray:
+    if not do_sample:
+        return logits.argmax(axis=-1)
+    scores = logits.astype(np.float64) / max(temperature, 1e-6)
+    if top_k:
+        kth = np.sort(scores, axis=-1)[:, -top_k][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(len(p), p=p) for p in probs])
