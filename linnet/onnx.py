@@ -93,7 +93,8 @@ class OnnxModel(Generation):
         self.signature = signature
         self.config = signature["config"]
         self.sessions = sessions
-        self.state: dict[str, np.ndarray] = {}
+        self.state: dict = {}  # state part -> onnxruntime OrtValue
+        self._buffers: dict[str, np.ndarray] = {}
         self.position = 0
 
     @property
@@ -118,25 +119,39 @@ class OnnxModel(Generation):
         return out
 
     def reset(self) -> None:
-        self.state = {}
+        self.state, self._buffers = {}, {}
         self.position = 0
 
     # -- helpers -------------------------------------------------------------------------
     def _run(self, name: str, feeds: dict, dim_values: dict) -> np.ndarray:
+        """One call through an IO binding: the cache stays in onnxruntime's buffers, and a
+        part the graph writes in place (`inplace` in linnet.json) is bound as its own
+        output, so a decode step copies no cache."""
         entry = self.signature["entries"].get(name)
         if entry is None:
             raise LinnetError(f"this export has no `{name}` entry")
         dims = self._bind_dims(entry, feeds, dim_values)
         _check_guards(entry["guards"], dims)
-        feeds = dict(feeds)
-        feeds.update({arg: np.asarray(dim_values[arg], np.int64) for arg in entry["dims"]})
-        states = list(entry["states"])
-        feeds.update({part: self.state[part] for part in states})
-        names = entry["outputs"] + [part + ".next" for part in states]
-        results = self.sessions[name].run(names, feeds)
+        io = self.sessions[name].io_binding()
+        for arg, array in feeds.items():
+            io.bind_cpu_input(arg, array)
+        for arg in entry["dims"]:
+            io.bind_cpu_input(arg, np.asarray(dim_values[arg], np.int64))
+        for out in entry["outputs"]:
+            io.bind_output(out)
+        inplace = set(entry.get("inplace", []))
+        for part in entry["states"]:
+            io.bind_ortvalue_input(part, self.state[part])
+            if part in inplace:
+                io.bind_ortvalue_output(part + ".next", self.state[part])
+            else:
+                io.bind_output(part + ".next")
+        self.sessions[name].run_with_iobinding(io)
+        results = io.get_outputs()
         n = len(entry["outputs"])
-        self.state.update(zip(states, results[n:]))
-        return results[0]
+        for part, value in zip(entry["states"], results[n:]):
+            self.state[part] = value
+        return results[0].numpy()
 
     @staticmethod
     def _bind_dims(entry: dict, feeds: dict, dim_values: dict) -> dict:
@@ -159,10 +174,12 @@ class OnnxModel(Generation):
         return np.concatenate(parts, axis=1)
 
     def _ensure_state(self, batch: int, pos: int) -> None:
+        import onnxruntime as ort
+
         for name, spec in self.signature["entries"]["decode"]["states"].items():
             shape = tuple(poly_eval(terms, {"B": batch}) for terms in spec["shape"])
             have = self.state.get(name)
-            if have is not None and have.shape == shape:
+            if have is not None and tuple(have.shape()) == shape:
                 continue
             if pos != 0:
                 why = "is empty" if have is None else "holds another batch"
@@ -170,7 +187,9 @@ class OnnxModel(Generation):
                     f"decode at position {pos} with batch {batch}, but the cache {why}: "
                     "call reset() and start at position 0"
                 )
-            self.state[name] = np.zeros(shape, NUMPY_DTYPES[spec["dtype"]])
+            zeros = np.zeros(shape, NUMPY_DTYPES[spec["dtype"]])
+            self.state[name] = ort.OrtValue.ortvalue_from_numpy(zeros)
+            self._buffers[name] = zeros  # the OrtValue borrows this memory
 
 
 def _check_guards(guards: list, dims: dict) -> None:

@@ -224,3 +224,23 @@ def test_interrupted_export_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         linnet.onnx.export(src, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_decode_writes_the_cache_in_place(onnx_export):
+    """Every cache part is written in place (bound as its own output): its buffer keeps
+    its address over decode steps, and the logits still match a fresh run."""
+    src, out = onnx_export("LlamaForCausalLM", "base")
+    model = linnet.onnx.load(out)
+    sig = model.signature["entries"]["decode"]
+    assert sig["inplace"] == list(sig["states"])
+    ids = probe_ids(256, (1, 6), seed=2).numpy()
+    model.decode(ids, 0)
+    before = {k: v.data_ptr() for k, v in model.state.items()}
+    for _ in range(3):
+        logits = model.decode(np.array([[7]]), model.position)
+    assert {k: v.data_ptr() for k, v in model.state.items()} == before
+    fresh = lt.load(src)
+    fresh.decode(torch.tensor(ids), 0)
+    for _ in range(3):
+        want = fresh.decode(torch.tensor([[7]]), fresh.position)
+    assert max_diff(logits, want) <= TOL

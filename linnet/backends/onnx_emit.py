@@ -45,6 +45,8 @@ class OnnxBuilder:
         self._names: set[str] = set()
         self._dims: dict[Poly, str] = {}
         self._consts: dict[tuple, str] = {}
+        self.renamed: dict[str, str] = {}  # values renamed to a graph output's name
+        self.output_names: set[str] = set()
 
     def fresh(self, hint: str) -> str:
         name, i = hint, 0
@@ -174,8 +176,31 @@ def _with(seq, i, value):
     return out
 
 
+def partial_axes(shape, starts, sizes) -> list[int]:
+    return [
+        i
+        for i, (lo, n) in enumerate(zip(starts, sizes))
+        if Poly.lift(lo) != Poly.const(0) or Poly.lift(n) != shape[i]
+    ]
+
+
 def _update_slice(a, b, x, update):
-    return _write_box(b, x, a["in_shape"], a["starts"], a["sizes"], lambda box: update)
+    shape, starts, sizes = a["in_shape"], a["starts"], a["sizes"]
+    partial = partial_axes(shape, starts, sizes)
+    if len(partial) == 1:  # a cache write: scatter the rows (one copy of x, not two)
+        axis = partial[0]
+        lo = Poly.lift(starts[axis])
+        rows = b.node("Range", [b.scalar(lo), b.scalar(lo + sizes[axis]), b.const(1)])
+        return _scatter_rows(b, x, update, rows, axis, len(shape))
+    return _write_box(b, x, shape, starts, sizes, lambda box: update)
+
+
+def _scatter_rows(b, x, update, rows, axis: int, rank: int) -> str:
+    """x with `update` written at `rows` (1-D) along `axis`, every other axis whole."""
+    index_shape = b.const([-1 if i == axis else 1 for i in range(rank)])
+    index = b.node("Reshape", [rows, index_shape])
+    index = b.node("Expand", [index, b.node("Shape", [update])])
+    return b.node("ScatterElements", [x, index, update], axis=axis)
 
 
 def _update_rows(a, b, x, update, positions):
@@ -183,10 +208,7 @@ def _update_rows(a, b, x, update, positions):
     rank = len(a["sizes"])
 
     def scatter(box):
-        index_shape = b.dims([-1 if i == axis else 1 for i in range(rank)])
-        index = b.node("Reshape", [positions, index_shape])
-        index = b.node("Expand", [index, b.node("Shape", [update])])
-        return b.node("ScatterElements", [box, index, update], axis=axis)
+        return _scatter_rows(b, box, update, positions, axis, rank)
 
     shape = list(a["in_shape"])
     sizes = _with(a["sizes"], axis, shape[axis])  # whole rows: the positions pick them

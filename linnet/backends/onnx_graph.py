@@ -25,6 +25,7 @@ from linnet.backends.onnx_emit import (
     OPSET,
     OnnxBuilder,
     emit,
+    partial_axes,
 )
 from linnet.check.dims import Poly
 from linnet.ir.graph import Graph, Node
@@ -113,7 +114,18 @@ def to_model(entry: Entry, initializers: list[TensorProto], tied: dict[str, str]
 
 
 def _named_output(b: OnnxBuilder, value: str, name: str, v) -> TensorProto:
-    b.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_out"))
+    """Give `value` the output's name: rename the node that makes it (an Identity would
+    copy, a whole cache at every step), or add an Identity for inputs and shared values."""
+    makers = [n for n in b.nodes if value in n.output]
+    if makers and value not in b.renamed and value not in b.output_names:
+        for node in b.nodes:
+            node.input[:] = [name if i == value else i for i in node.input]
+        makers[0].output[:] = [name if o == value else o for o in makers[0].output]
+        b.renamed[value] = name
+    else:
+        value = b.renamed.get(value, value)
+        b.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_out"))
+    b.output_names.add(name)
     return value_info(name, v.type)
 
 
@@ -147,4 +159,24 @@ def signature(entry: Entry) -> dict:
         "states": {name: spec(v.type) for name, v in g.states.items()},
         "outputs": [OUTPUT if i == 0 else f"{OUTPUT}{i}" for i in range(len(g.outputs))],
         "guards": [guard_json(n) for n in entry.guards],
+        "inplace": inplace_parts(g),
     }
+
+
+def inplace_parts(graph: Graph) -> list[str]:
+    """State parts whose only use is one row write (emitted as ScatterElements): nothing
+    reads the old rows afterwards, so the runner may bind the output to the input's
+    buffer and onnxruntime writes the new rows in place."""
+    uses: dict = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            uses.setdefault(v, []).append(node)
+    safe = []
+    for name, v in graph.states.items():
+        users = uses.get(v, [])
+        if len(users) == 1 and users[0].op == "update_slice" and users[0].inputs[0] is v:
+            node = users[0]
+            shape, sizes = v.type.shape, node.inputs[1].type.shape
+            if len(partial_axes(shape, node.attrs["starts"], sizes)) == 1:
+                safe.append(name)
+    return safe
