@@ -655,12 +655,19 @@ class Target:
     repo: str | None = None
     revision: str | None = None
     commit: str | None = None
+    gguf: Path | None = None  # a GGUF file in `folder`, when the target is one
+
+    @property
+    def checkpoint(self) -> Path:
+        """What the loaders take: the GGUF file, or the folder."""
+        return self.gguf or self.folder
 
 
 def locate(
     target: str, *, checkpoint: str | os.PathLike | None = None, revision=None, registry=None
 ):
-    """A zoo name, an HF repo id or a local folder, as a `Target`. A name is pulled (from the
+    """A zoo name, an HF repo id, a local folder or a .gguf file, as a `Target`. A name is
+    pulled (from the
     cache when it is there); `checkpoint` pairs a name with a local copy of its weights. A
     local folder is recognised as a zoo entry when its config.json matches one."""
     if registry is None:
@@ -668,6 +675,11 @@ def locate(
 
         registry = default_registry()
     path = Path(target).expanduser()
+    if checkpoint is None and path.is_file() and path.suffix == ".gguf":
+        from linnet.converters.gguf_import import weights_from_gguf
+
+        config = weights_from_gguf(path).hf_config  # metadata only
+        return Target(folder=path.parent, entry=registry.match_config(config), gguf=path)
     if checkpoint is None and path.is_dir():
         config = _read_json(path / "config.json", f"{path}/config.json")
         return Target(folder=path, entry=registry.match_config(config))

@@ -7,8 +7,12 @@ the first token is the same and the figures are within the entry's tolerance for
 and dtype; the gate fails closed. Each run can write a parity record (JSON) that the site and
 model cards read:
 
-    report = run_gate(folder, entry=entry, dtype="bf16")
+    report = run_gate(folder, entry=entry, dtype="bf16")      # or a .gguf file
     print(format_table(report)); write_record(report)
+
+Backends: "torch" (linnet.torch.load), "jax" (linnet.jax.load), "onnx" (exported to a
+temporary folder and run by linnet.onnx.load on onnxruntime). A `.gguf` checkpoint is
+compared with transformers' own GGUF loader (dequantized) on the same file.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +29,7 @@ from pathlib import Path
 from linnet.errors import CheckpointError, LinnetError
 from linnet.zoo.registry import Entry, Tolerance
 
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "jax", "onnx")
 DEFAULT_RESULTS = Path("results") / "parity"
 #: For a folder that is no zoo entry: the defaults of entries.toml.
 FALLBACK_PROMPTS = ("What is 2 plus 2?", "Say hello.", "Tell me a joke.")
@@ -87,15 +92,22 @@ def versions() -> dict:
     return out
 
 
-def load_reference(folder: Path, dtype: str, entry: Entry | None, device: str = "cpu"):
+def load_reference(
+    folder: Path, dtype: str, entry: Entry | None, device: str = "cpu", gguf: Path | None = None
+):
     """transformers' model on the same weights and dtype (eager attention), checked to be the
-    entry's reference class."""
+    entry's reference class. `gguf`: a GGUF file in `folder`, dequantized by transformers."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    extra = {}
+    if gguf is not None:
+        from transformers import GgufConfig
+
+        extra = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch_dtype, attn_implementation="eager"
+        folder, dtype=torch_dtype, attn_implementation="eager", **extra
     ).to(device)
     model.eval()
     if entry is not None and entry.reference_class != type(model).__name__:
@@ -127,10 +139,11 @@ def encode_prompts(tokenizer, prompts, chat: bool):
 
 def measure(model, reference, ids, tolerance: Tolerance, label: str) -> PromptFigures:
     """Figures for one prompt: Linnet's decode (a fresh cache) against transformers' forward."""
+    import numpy as np
     import torch
 
     model.reset()
-    got = model.decode(ids, 0)[0].float()
+    got = torch.as_tensor(np.asarray(model.decode(ids, 0))[0]).float().to(ids.device)
     with torch.no_grad():
         want = reference(input_ids=ids.to(reference.device)).logits[0, -1].float().to(got.device)
     delta = got - want
@@ -182,7 +195,9 @@ def run_gate(
     if backend not in BACKENDS:
         raise LinnetError(f"backend {backend!r}: available are {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
-    folder = Path(folder)
+    path = Path(folder)
+    gguf = path if path.suffix == ".gguf" else None
+    folder = path.parent if gguf else path
     dtype = normalize_dtype(dtype)
     if entry is None:
         from linnet.zoo.registry import registry
@@ -193,26 +208,25 @@ def run_gate(
     if ids is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf and gguf.name)
         if chat is None:
             chat = entry.chat if entry else bool(tokenizer.chat_template)
         prompts = list(prompts or (entry.prompts if entry else FALLBACK_PROMPTS))
         ids = encode_prompts(tokenizer, prompts, chat)
     else:
         prompts = prompts or [f"ids[{i}] ({t.shape[-1]} tokens)" for i, t in enumerate(ids)]
-    if model is None:
-        import linnet.torch
-
-        longest = max(t.shape[-1] for t in ids)
-        model = linnet.torch.load(folder, dtype=dtype, device=device, max_positions=longest)
-    reference = load_reference(folder, dtype, entry, device)
-    figures = [
-        measure(model, reference, t.to(device), tolerance, p)
-        for p, t in zip(prompts, ids, strict=True)
-    ]
+    with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
+        if model is None:
+            longest = max(t.shape[-1] for t in ids)
+            model = load_linnet(path, backend, dtype, device, longest, Path(tmp))
+        reference = load_reference(folder, dtype, entry, device, gguf)
+        figures = [
+            measure(model, reference, t.to(device), tolerance, p)
+            for p, t in zip(prompts, ids, strict=True)
+        ]
     return Report(
         entry=entry.name if entry else None,
-        checkpoint=str(folder),
+        checkpoint=str(path),
         backend=backend,
         dtype=dtype,
         device=str(device),
@@ -224,6 +238,31 @@ def run_gate(
         versions=versions(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def load_linnet(path: Path, backend: str, dtype: str, device: str, positions: int, tmp: Path):
+    """Linnet's model of a checkpoint (folder or .gguf) on one backend, with a cache of
+    `positions` rows. ONNX goes through an export into `tmp`."""
+    if backend == "torch":
+        import linnet.torch
+
+        return linnet.torch.load(path, dtype=dtype, device=device, max_positions=positions)
+    if device != "cpu":
+        raise LinnetError(f"backend {backend}: the parity gate runs it on the CPU only")
+    if backend == "jax":
+        import linnet.jax
+
+        if path.suffix == ".gguf":
+            raise LinnetError(
+                "backend jax reads HF folders; export the GGUF with `linnet export hf`"
+            )
+        return linnet.jax.load(path, dtype=dtype, max_positions=positions)
+    import linnet.onnx
+
+    out = linnet.onnx.export(
+        path, tmp / "onnx", dtype=dtype, max_positions=positions, progress=False
+    )
+    return linnet.onnx.load(out)
 
 
 def format_table(report: Report) -> str:

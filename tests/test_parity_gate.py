@@ -124,3 +124,30 @@ def test_perturbed_weight_fails_the_gate(
     assert "parity FAIL" in done.output
     rec = json.loads((tmp_path / f"smollm2-135m-instruct.real.torch.{dtype}.json").read_text())
     assert rec["passed"] is False and rec["figures"][0]["why"]
+
+
+@pytest.mark.parametrize("backend", ["jax", "onnx"])
+def test_gate_on_the_other_backends(tiny, backend):
+    folder, ids = tiny
+    entry = get("smollm2-135m-instruct")
+    report = run_gate(folder, entry=entry, backend=backend, ids=ids, weights="tiny-random")
+    assert report.passed and report.backend == backend
+    for f in report.figures:
+        assert f.same_token and f.max_abs < 1e-3 and f.top5 == 5
+
+
+def test_gate_on_a_gguf_file_against_transformers_gguf_loader(tmp_path):
+    """`linnet parity x.gguf`: SmolLM2's Q4_1 GGUF through Linnet's GGUF import against
+    transformers' own GGUF loader (dequantized) on the same file."""
+    from tests.checkpoints import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    result = CliRunner().invoke(
+        main, ["parity", str(gguf), "--prompt", "What is 2 plus 2?", "--results", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "parity PASS: smollm2-135m-instruct, torch f32" in result.output
+    (record,) = read_records(tmp_path)
+    assert record["checkpoint"] == str(gguf)
+    assert record["figures"][0]["linnet_token"] == record["figures"][0]["reference_token"] == 504
+    assert record["figures"][0]["max_abs"] <= 1e-4

@@ -72,3 +72,16 @@ def test_stream_writes_each_token_as_it_comes_and_never_half_a_character(tokeniz
 def test_run_unknown_target():
     done = CliRunner().invoke(main, ["run", "no-such-model", "--prompt", "hi"])
     assert done.exit_code == 1 and "is not a zoo entry" in done.output
+
+
+def test_run_a_gguf_file(smollm2_checkpoint, tokenizer):
+    """A .gguf path runs with the GGUF's own tokenizer and chat template: the Q4_1 file
+    dequantizes to the weights of the f32 checkpoint, so the text is transformers'."""
+    from tests.checkpoints import smollm2_gguf_path
+
+    done = run(str(smollm2_gguf_path()), "--prompt", PROMPT, "--max-new-tokens", "12")
+    assert done.exit_code == 0, done.output
+    ids = chat_prompt_ids(tokenizer, [PROMPT])[0]
+    out = reference_greedy(smollm2_checkpoint, ids, 12, stop_at_eos=True)
+    want = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert done.stdout.strip() == want.strip()

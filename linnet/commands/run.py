@@ -1,6 +1,7 @@
 """`linnet run` (generate text, streamed) and `linnet parity` (the gate against transformers).
 
-Both take a zoo name (pulled, or found in the HF cache), an HF repo id, or a local folder;
+Both take a zoo name (pulled, or found in the HF cache), an HF repo id, a local folder or a
+`.gguf` file;
 `--checkpoint PATH` pairs a zoo name with a local copy of its weights.
 """
 
@@ -86,7 +87,8 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
     from linnet.parity import encode_prompts
 
     found = _locate(target, checkpoint, revision)
-    tokenizer = AutoTokenizer.from_pretrained(found.folder)
+    gguf_file = found.gguf.name if found.gguf else None
+    tokenizer = AutoTokenizer.from_pretrained(found.folder, gguf_file=gguf_file)
     if chat is None:
         chat = found.entry.chat if found.entry else bool(tokenizer.chat_template)
     if chat and not tokenizer.chat_template:
@@ -94,7 +96,7 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
         sys.exit(2)
     ids = encode_prompts(tokenizer, [prompt], chat)[0]
     model = linnet.torch.load(
-        found.folder, dtype=dtype, max_positions=ids.shape[-1] + max_new_tokens
+        found.checkpoint, dtype=dtype, max_positions=ids.shape[-1] + max_new_tokens
     )
     stream = TextStream(tokenizer)
     t0 = time.perf_counter()
@@ -112,7 +114,9 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
 
 @click.command()
 @_TARGET
-@click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True)
+@click.option(
+    "--backend", type=click.Choice(["torch", "jax", "onnx"]), default="torch", show_default=True
+)
 @click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True)
 @click.option(
     "--prompt", "prompts", multiple=True, help="a prompt (repeatable; default: the entry's)"
@@ -131,7 +135,7 @@ def parity(target, backend, dtype, prompts, results, checkpoint, revision) -> No
             err=True,
         )
     report = run_gate(
-        found.folder, entry=found.entry, backend=backend, dtype=dtype, prompts=list(prompts)
+        found.checkpoint, entry=found.entry, backend=backend, dtype=dtype, prompts=list(prompts)
     )
     report.repo = found.repo or report.repo
     report.revision, report.commit = found.revision, found.commit
