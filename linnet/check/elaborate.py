@@ -10,8 +10,6 @@ checker accepts is what lowering builds.
 
 from __future__ import annotations
 
-import numpy as np
-
 from linnet.check import statements
 from linnet.check.diagnostics import Diagnostic, DiagnosticError
 from linnet.check.dims import Poly
@@ -331,8 +329,9 @@ class Elaborator(statements.Statements):
         self.builder.add("guard", [], where=self._where, lhs=Poly.const(1), rhs=Poly.const(0),
                          message=message)  # fmt: skip
         t = self.tensor_type(fn.ret, frame)
-        ones = tuple(d.value if d.is_const else 1 for d in t.shape)
-        zero = self.builder.add("const", [], value=np.zeros(ones), dtype=t.dtype)
+        zero = self.builder.add("iota", [], length=Poly.const(1), start=Poly.const(0), dtype="i64")
+        zero = self.builder.add("reshape", [zero], shape=(Poly.const(1),) * t.rank)
+        zero = self.builder.add("cast", [zero], dtype=t.dtype)
         return self.builder.add("broadcast", [zero], shape=t.shape)
 
 
