@@ -6,8 +6,9 @@ with weights you already hold. Needs jax and numpy, not torch.
     model.decode(ids, 0); model.decode(next_ids, ids.shape[1])   # the cache stays on device
     tokens = model.generate(ids, 20)            # greedy
 
-The model object keeps the contract of `linnet.torch.load`: forward, decode, reset,
-generate. Arrays in are anything numpy can read; arrays out are jax Arrays.
+The model object keeps the contract of `linnet.torch.load`: `run(entry, ...)`,
+`forward`, and `embed` or `decode`/`reset`/`generate` where the source has those
+entries. Arrays in are anything numpy can read; arrays out are jax Arrays.
 """
 
 from __future__ import annotations
@@ -23,11 +24,23 @@ from linnet.backends.jax_prelude import nest_params
 from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.generation import Generation, check_ids
+from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
 from linnet.loading import plan_checkpoint
 from linnet.source import Source
 
 
-class JaxModel(Generation):
+class JaxModel:
+    """A source's entries on JAX. `JaxModel(...)` gives `JaxDecoder` for a source with
+    `decode`, `JaxEncoder` for one with `embed` (as `linnet.runtime.TorchModel` does)."""
+
+    def __new__(cls, source: Source, *args, **kwargs):
+        if cls is JaxModel:
+            if "decode" in source.entries:
+                cls = JaxDecoder
+            elif "embed" in source.entries:
+                cls = JaxEncoder
+        return super().__new__(cls)
+
     def __init__(self, source: Source, config: dict, params: dict, runner, *, hf_config=None):
         self.source = source
         self.config = config
@@ -35,11 +48,10 @@ class JaxModel(Generation):
         self.runner = runner
         self.params = nest_params({k: jnp.asarray(v) for k, v in params.items()})
         self.state: dict = {}
-        self.position = 0
 
     @property
-    def max_positions(self) -> int:
-        return self.config["max_positions"]
+    def entries(self) -> list[str]:
+        return self.source.entries
 
     @property
     def numerics(self) -> str:
@@ -51,26 +63,21 @@ class JaxModel(Generation):
         return dict(self.runner.traces)
 
     # -- entries -----------------------------------------------------------------------
-    def forward(self, ids) -> jax.Array:
-        """Logits of every position, [B, S, V] (no cache involved)."""
-        ids = self._ids(ids)
-        return self._run("forward", [ids], {})[0]
+    def run(self, entry: str, *inputs, **dims) -> jax.Array:
+        """Run one entry: its tensor inputs in the source's order (None where a default
+        exists), its runtime dims (`at=...`) by keyword."""
+        if entry not in self.runner.entries:
+            raise LinnetError(
+                f"the {self.source.name} source has no entry `{entry}` "
+                f"(entries: {', '.join(self.entries)})"
+            )
+        return self._run(entry, self._inputs(entry, list(inputs)), dims)[0]
+
+    def forward(self, *inputs) -> jax.Array:
+        """The `forward` entry (decoders: logits of every position, [B, S, V])."""
+        return self.run("forward", *inputs)
 
     __call__ = forward
-
-    def decode(self, ids, pos: int) -> jax.Array:
-        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
-        return self._decode(self._ids(ids), int(pos))
-
-    def _decode(self, ids, pos: int) -> jax.Array:
-        self._ensure_state(ids.shape[0], pos)
-        out = self._run("decode", [ids], {"at": pos})[0]
-        self.position = pos + ids.shape[1]
-        return out
-
-    def reset(self) -> None:
-        self.state = {}
-        self.position = 0
 
     # -- helpers -------------------------------------------------------------------------
     def _run(self, name: str, inputs: list, dim_values: dict) -> list:
@@ -88,8 +95,67 @@ class JaxModel(Generation):
         self.state.update(states)
         return outputs
 
+    def _inputs(self, name: str, given: list) -> list:
+        declared = self.runner.entries[name].graph.inputs
+        if len(given) > len(declared):
+            names = ", ".join(v.name for v in declared)
+            raise LinnetError(f"`{name}` takes {len(declared)} inputs ({names})")
+        given += [None] * (len(declared) - len(given))
+        out = []
+        for value, x in zip(declared, given):
+            if x is None:
+                x = default_input(value.name, out)
+            elif value.name in TOKEN_INPUTS:
+                x = self._ids(x)
+            out.append(jnp.asarray(x, dtype=numpy_dtype(value.type.dtype)))
+        return out
+
     def _ids(self, ids) -> jax.Array:
         return jnp.asarray(check_ids(ids, self.config.get("vocab")), dtype=jnp.int32)
+
+
+def default_input(name: str, given: list):
+    """A padding mask left out: all ones (every position valid), like the ids before it."""
+    if name in MASK_INPUTS and given:
+        return jnp.ones(given[0].shape[:2], dtype=jnp.int32)
+    raise LinnetError(f"input `{name}` is required")
+
+
+class JaxEncoder(JaxModel):
+    """A source with an `embed` entry: one vector per sequence."""
+
+    def embed(self, ids, attention_mask=None, normalize: bool = False) -> jax.Array:
+        """Pooled embeddings [B, H]; `normalize`: scaled to unit L2 norm."""
+        out = self.run("embed", ids, attention_mask)
+        if not normalize:
+            return out
+        return out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+
+
+class JaxDecoder(Generation, JaxModel):
+    """A source with a `decode` entry: the cache stays on device between steps."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    def decode(self, ids, pos: int) -> jax.Array:
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids, pos: int) -> jax.Array:
+        self._ensure_state(ids.shape[0], pos)
+        out = self._run("decode", [ids], {"at": pos})[0]
+        self.position = pos + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state = {}
+        self.position = 0
 
     def _sampler(self, do_sample, temperature, top_k, seed: int = 0):
         keys = [jax.random.PRNGKey(seed)]

@@ -67,7 +67,14 @@ class Source:
 
     @property
     def entries(self) -> list[str]:
-        return [f.name for f in self.module.fns if f.kind == "entry"]
+        return list(dict.fromkeys(f.name for f in self.module.fns if f.kind == "entry"))
+
+    def entries_for(self, config: dict) -> list[str]:
+        """The entries this config has: those declared `entry ... if COND` need COND true
+        (the others lower to a graph that fails at run time, saying why)."""
+        elab = Elaborator(self.module, config)
+        names = [f.name for f in self.module.fns if f.kind == "entry" and elab.entry_exists(f)]
+        return list(dict.fromkeys(names))
 
     def config(self, overrides: dict | None = None) -> dict:
         return resolve_config(self.module, overrides)

@@ -549,6 +549,134 @@ def test_update_slice_keeps_the_old_state_value(read):
     assert torch.equal(got, torch.zeros_like(got)), f"the old state value reads {got}"
 
 
+# -- vision: conv, max_pool, batch_norm, and the primitives they decompose into ------------
+def assert_close(got, want, what):
+    """f32 contractions over up to a few hundred terms: |Δ| <= 1e-5 * max(1, |ref|)."""
+    return assert_matches(got, want, what, atol=F32_RTOL, rtol=F32_RTOL)
+
+
+CONV_CASES = {
+    # name: (x shape, w shape, stride, padding, bias)
+    "3x3 same": ((2, 3, 9, 7), (5, 3, 3, 3), 1, 1, True),
+    "3x3 stride 2": ((2, 4, 9, 8), (6, 4, 3, 3), 2, 1, False),
+    "7x7 stride 2 stem": ((2, 3, 16, 15), (4, 3, 7, 7), 2, 3, False),
+    "1x1": ((2, 6, 5, 5), (3, 6, 1, 1), 1, 0, False),
+    "1x1 stride 2 shortcut": ((2, 6, 7, 6), (3, 6, 1, 1), 2, 0, False),
+    "patches (vit)": ((2, 3, 16, 12), (8, 3, 4, 4), 4, 0, True),
+    "patches, ragged edge": ((2, 3, 18, 13), (8, 3, 4, 4), 4, 0, True),
+    "3x3 stride 3 pad 2": ((1, 2, 10, 10), (2, 2, 3, 3), 3, 2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv_f32(case):
+    x_shape, w_shape, stride, padding, bias = CONV_CASES[case]
+    x, w = rand(*x_shape, seed=70), rand(*w_shape, seed=71, scale=0.3)
+    b = [rand(w_shape[0], seed=72)] if bias else []
+    got = run_op("conv", [x, w] + b, stride=stride, padding=padding)
+    want = F.conv2d(x, w, b[0] if b else None, stride, padding)
+    assert_close(got, want, f"conv f32 {case} vs F.conv2d")
+
+
+def test_conv_bf16():
+    x, w = rand(2, 4, 8, 8, dtype=torch.bfloat16, seed=73), rand(6, 4, 3, 3, seed=74, scale=0.2)
+    w = w.to(torch.bfloat16)
+    got = run_op("conv", [x, w], stride=1, padding=1)
+    assert_bf16(got, F.conv2d(x, w, None, 1, 1), "conv bf16 3x3 vs F.conv2d")
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 2, 1), (2, 2, 0), (3, 1, 1)])
+def test_max_pool(kernel, stride, padding):
+    x = rand(2, 3, 9, 8, seed=75) - 3.0  # all negative: zero padding would win, -inf must not
+    got = run_op("max_pool", [x], kernel=kernel, stride=stride, padding=padding)
+    want = F.max_pool2d(x, kernel, stride, padding)
+    assert_matches(got, want, f"max_pool k{kernel} s{stride} p{padding}", atol=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm(dtype):
+    from transformers.models.resnet.modeling_resnet import ResNetConvLayer
+
+    layer = ResNetConvLayer(3, 6, kernel_size=3, activation=None).eval()
+    bn = layer.normalization
+    with torch.no_grad():
+        for t, seed in ((bn.weight, 76), (bn.bias, 77), (bn.running_mean, 78)):
+            t.copy_(rand(6, seed=seed))
+        bn.running_var.copy_(rand(6, seed=79).abs() + 0.05)
+    layer = layer.to(dtype)
+    x = rand(2, 6, 5, 4, dtype=dtype, seed=80, scale=2.0)
+    ps = [bn.weight, bn.bias, bn.running_mean, bn.running_var]
+    got = run_op("batch_norm", [x] + [p.detach() for p in ps], eps=bn.eps)
+    with torch.no_grad():
+        want = bn(x)
+    if dtype == torch.float32:
+        assert_close(got, want, "batch_norm f32 vs nn.BatchNorm2d (eval)")
+    else:
+        assert_bf16(got, want, "batch_norm bf16 vs nn.BatchNorm2d (eval)")
+
+
+def test_pad_and_strided_slice_primitives():
+    x = rand(2, 3, 5, 4, seed=81)
+    pads = ((0, 0), (1, 0), (2, 1), (0, 3))
+    got = run_op("pad", [x], pads=pads, value=-1.5)
+    assert_matches(got, F.pad(x, (0, 3, 2, 1, 1, 0), value=-1.5), "pad", atol=0.0)
+    got = run_op("slice", [x], starts=(0, 1, 0, 1), stops=(2, 3, 5, 4), steps=(1, 1, 2, 2))
+    assert_matches(got, x[:, 1:3, 0:5:2, 1:4:2], "strided slice", atol=0.0)
+    got = run_op("broadcast", [x[:1, :, :1]], shape=(2, 3, 5, 4))
+    assert_matches(got, x[:1, :, :1].expand(2, 3, 5, 4), "broadcast", atol=0.0)
+
+
+def test_broadcast_symbolic_batch():
+    cls = rand(1, 1, 8, seed=82)
+    b_ = Poly.atom("B")
+    x = rand(3, 4, 8, seed=83)
+    graph = Graph("cls", dim_inputs={})
+    xs = graph.input("x", TensorType("f32", (b_, Poly.const(4), Poly.const(8))))
+    c = graph.param("cls", tensor_type(cls))
+    bld = GraphBuilder(graph)
+    out = bld.add("broadcast", [c], shape=(b_, 1, 8))
+    graph.outputs = [bld.add("concat", [out, xs], axis=1)]
+    verify(graph)
+    (got,) = Interpreter(graph, {"cls": cls}).run([x])
+    assert_matches(got, torch.cat([cls.expand(3, 1, 8), x], 1), "broadcast to B", atol=0.0)
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("conv", [tt("f32", 1, 3, 8, 8), tt("f32", 4, 2, 3, 3)], {}, "shape mismatch in conv"),
+        ("conv", [tt("f32", 1, 3, 8, 8), tt("f32", 4, 3, 3, 3), tt("f32", 3)], {}, "bias"),
+        ("conv", [tt("f32", 3, 8, 8), tt("f32", 4, 3, 3, 3)], {}, "shape mismatch"),
+        ("conv", [tt("f32", 1, 3, 8, 8), tt("f32", 4, 3, 3, 3)], {"stride": 0}, "stride"),
+        ("max_pool", [tt("f32", 1, 3, 8, 8)], {"kernel": 2, "padding": 2}, "padding"),
+        ("batch_norm", [tt("f32", 1, 3, 4, 4)] + [tt("f32", 4)] * 4, {"eps": 1e-5}, "axis 1"),
+        ("pad", [tt("f32", 2, 3)], {"pads": ((0, 0),), "value": 0.0}, "per axis"),
+        ("slice", [tt("f32", 4)], {"starts": (0,), "stops": (4,), "steps": (0,)}, "steps"),
+        ("broadcast", [tt("f32", 2, 3)], {"shape": (4, 3)}, "size-1"),
+    ],
+)
+def test_vision_op_rule_failures(op, inputs, attrs, match):
+    with pytest.raises(OpTypeError, match=match):
+        TypeBuilder().add(op, inputs, **attrs)
+
+
+def test_param_only_nodes_are_folded_once_by_the_interpreter():
+    """Batch norm's scale and shift read params only: the interpreter computes them at load,
+    so a call runs only the nodes that touch the input."""
+    graph = Graph("bn")
+    x = graph.input("x", tt("f32", Poly.atom("B"), 3, 4, 4))
+    ps = [graph.param(n, tt("f32", 3)) for n in ("w", "b", "mean", "var")]
+    graph.outputs = [GraphBuilder(graph).add("batch_norm", [x] + ps, eps=1e-5)]
+    flat = decompose(graph)
+    params = {n: rand(3, seed=i).abs() + 0.1 for i, n in enumerate(("w", "b", "mean", "var"))}
+    interp = Interpreter(flat, params)
+    per_call = len(interp.steps)
+    assert per_call < len(flat.nodes) and per_call <= 5, f"{per_call} of {len(flat.nodes)} per call"
+    xin = rand(2, 3, 4, 4, seed=9)
+    want = F.batch_norm(xin, params["mean"], params["var"], params["w"], params["b"], eps=1e-5)
+    assert_close(interp.run([xin])[0], want, "folded batch_norm")
+
+
 def test_report_measured_deltas():
     """Runs last in this file: prints the max |Δ| of every comparison above (`-s`)."""
     for name, delta in sorted(MEASURED.items()):

@@ -102,7 +102,7 @@ class CudaGraphRunner:
         from linnet.backends.torch_runners import GeneratedRunner, load_generated
 
         self.eager = GeneratedRunner(source, config, params, device, numerics)
-        self.state_types = self.eager.state_types
+        self.inputs, self.state_types = self.eager.inputs, self.eager.state_types
         decode = capture_plan(source.lower(config, "decode"))
         text = generate_graphs(source, config, {"decode": decode}, numerics)
         module = load_generated(text, source.name)()
@@ -112,12 +112,12 @@ class CudaGraphRunner:
         self.max_positions = config["max_positions"]
         self.graph = None
 
-    def forward(self, ids):
-        return self.eager.forward(ids)
+    def run(self, entry, inputs, dims, state):
+        if entry == "decode" and inputs[0].shape[1] == 1:
+            return self.decode(inputs[0], dims["at"], state)
+        return self.eager.run(entry, inputs, dims, state)  # prefill and other entries
 
     def decode(self, ids, pos, state):
-        if ids.shape[1] != 1:
-            return self.eager.decode(ids, pos, state)
         if pos + 1 > self.max_positions:
             raise LinnetError(
                 f"decode at position {pos} is past max_positions {self.max_positions}"

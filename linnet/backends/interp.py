@@ -2,7 +2,9 @@
 
 Each node's text from the emitter table (`torch_emit`) is compiled into a small
 function once, at construction; a call is then a flat loop over those functions
-with the runtime dims bound. Array constants become tensors on the device once.
+with the runtime dims bound. Array constants become tensors on the device once, and
+so does every node computed from params and constants alone (hoisting: a batch norm's
+folded scale and shift, a transposed weight).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
 from linnet.backends.torch_emit import Spell, emit
+from linnet.check.dims import Poly
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
 from linnet.ir.passes import inplace_updates
@@ -60,6 +63,23 @@ def compile_node(node, ns: dict, arity: int):
     return scope["_fn"]
 
 
+def _static(value) -> bool:
+    if isinstance(value, Poly):
+        return value.is_const
+    if isinstance(value, (tuple, list)):
+        return all(_static(v) for v in value)
+    return True
+
+
+def _foldable(node) -> bool:
+    """A node whose result depends on nothing known only at run time: no runtime dim in
+    its type or attrs, no state write, no guard. When its inputs are params and constants,
+    the interpreter computes it once at load (a batch norm's scale and shift)."""
+    if node.op in ("guard", "update_slice", "update_rows", "iota"):
+        return False
+    return all(d.is_const for d in node.output.type.shape) and _static(list(node.attrs.values()))
+
+
 class Interpreter:
     def __init__(self, graph: Graph, params: dict[str, torch.Tensor], device="cpu") -> None:
         self.graph = graph
@@ -92,7 +112,11 @@ class Interpreter:
                     node.output,
                     node.where,
                 )
-            self.steps.append((compile_node(node, ns, len(ins)), ins, out))
+            fn = compile_node(node, ns, len(ins))
+            if out is not None and _foldable(node) and all(i in self.fixed for i in ins):
+                self.fixed[out] = fn({}, *[self.fixed[i] for i in ins])  # params only: once
+                continue
+            self.steps.append((fn, ins, out))
         self.output_slots = [slots[v] for v in graph.outputs]
         self.state_out_slots = {k: slots[v] for k, v in graph.state_outputs.items()}
         self.n_slots = len(slots)

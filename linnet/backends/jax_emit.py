@@ -79,8 +79,27 @@ def _slice(a, s, x):
     if any(s.is_traced(lo) for lo in starts):
         sizes = [Poly.lift(hi) - Poly.lift(lo) for lo, hi in zip(starts, stops)]
         return f"lax.dynamic_slice({x}, {_tuple(s, starts)}, {_tuple(s, sizes)})"
-    items = [f"{'' if _zero(lo) else s.dim(lo)}:{s.dim(hi)}" for lo, hi in zip(starts, stops)]
+    steps = a.get("steps") or (1,) * len(starts)
+    items = [
+        f"{'' if _zero(lo) else s.dim(lo)}:{s.dim(hi)}" + (f":{k}" if k != 1 else "")
+        for lo, hi, k in zip(starts, stops, steps)
+    ]
     return f"{x}[{', '.join(items)}]"
+
+
+def _pad(a, s, x):
+    pads = tuple(tuple(p) for p in a["pads"])
+    return f"jnp.pad({x}, {pads}, constant_values={scalar_text(a['value'], 'f32')})"
+
+
+def _conv(a, s, x, w, b=None):
+    args = [x, w] + ([] if b is None else [b])
+    stride, padding = a.get("stride", 1), a.get("padding", 0)
+    return f"{s.helper('conv')}({', '.join(args)}, stride={stride}, padding={padding})"
+
+
+def _max_pool(a, s, x):
+    return f"max_pool({x}, {a['kernel']}, {a.get('stride', 1)}, {a.get('padding', 0)})"
 
 
 def _update_slice(a, s, x, update):
@@ -181,6 +200,8 @@ EMITTERS = {
     "reshape": lambda a, s, x: f"{x}.reshape({s.dims(a['shape'])})",
     "transpose": lambda a, s, x: f"{x}.transpose({', '.join(map(str, a['perm']))})",
     "slice": _slice,
+    "pad": _pad,
+    "broadcast": lambda a, s, x: f"jnp.broadcast_to({x}, {_tuple(s, a['shape'])})",
     "concat": lambda a, s, *xs: f"jnp.concatenate([{', '.join(xs)}], axis={a['axis']})",
     "take": lambda a, s, table, idx: f"{table}[{idx}]",
     "update_slice": _update_slice,
@@ -195,6 +216,9 @@ EMITTERS = {
     "gelu": lambda a, s, x: f"{s.helper('gelu')}({x}, {(a['approx'] or 'none')!r})",
     "rope": _rope,
     "attention": _attention,
+    "conv": _conv,
+    "max_pool": _max_pool,
+    "batch_norm": lambda a, s, *xs: f"{s.helper('batch_norm')}({', '.join(xs)}, {a['eps']!r})",
 }
 for _name in UNARY:
     EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"

@@ -127,7 +127,45 @@ def attention_ref(q, k, v, causal, q_offset, window, scale):
     return out.reshape(b, h, s, d)
 
 
+def _conv(x, w, stride, padding, precision):
+    pads = ((padding, padding), (padding, padding))
+    return lax.conv_general_dilated(
+        x, w, (stride, stride), pads, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        precision=precision,
+    )  # fmt: skip
+
+
+def conv_ref(x, w, b=None, stride=1, padding=0):
+    y = _conv(x, w, stride, padding, HIGHEST)
+    return y if b is None else y + b[:, None, None]
+
+
+def max_pool(x, kernel, stride, padding):
+    """F.max_pool2d on [B, C, H, W]: windows over H and W, padding never wins (-inf)."""
+    pads = ((0, 0), (0, 0), (padding, padding), (padding, padding))
+    window, strides = (1, 1, kernel, kernel), (1, 1, stride, stride)
+    return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
+
+
+def batch_norm_ref(x, w, b, mean, var, eps):
+    """x * scale + shift over axis 1, scale = w * rsqrt(var + eps), shift = b - mean * scale."""
+    f32 = jnp.float32
+    scale = w.astype(f32) * lax.rsqrt(var.astype(f32) + eps)
+    shift = b.astype(f32) - mean.astype(f32) * scale
+    view = (-1,) + (1,) * (x.ndim - 2)
+    return (x.astype(f32) * scale.reshape(view) + shift.reshape(view)).astype(x.dtype)
+
+
 # -- numerics="fast": XLA picks (default precision, jax.nn kernels) ------------------------
+def conv_fast(x, w, b=None, stride=1, padding=0):
+    y = _conv(x, w, stride, padding, None)
+    return y if b is None else y + b[:, None, None]
+
+
+def batch_norm_fast(x, w, b, mean, var, eps):
+    return batch_norm_ref(x, w, b, mean, var, eps)
+
+
 def linear_fast(x, w, b=None):
     y = x @ w.T
     return y if b is None else y + b

@@ -11,6 +11,8 @@ numerics="equivalent", the fused `fast` ones in numerics="fast".
 
 from __future__ import annotations
 
+import math
+
 from linnet.backends.emit import Lines, emit_node
 from linnet.check.dims import Poly
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
@@ -69,12 +71,28 @@ class Spell:
         return self.table_prefix + self.tables.setdefault(spec, f"rope{len(self.tables)}")
 
 
-def _slices(spell: Spell, starts, stops) -> str:
+def _slices(spell: Spell, starts, stops, steps=None) -> str:
     items = []
-    for lo, hi in zip(starts, stops):
+    for lo, hi, step in zip(starts, stops, steps or (1,) * len(starts)):
         lo_text = "" if Poly.lift(lo) == Poly.const(0) else spell.dim(lo)
-        items.append(f"{lo_text}:{spell.dim(hi)}")
+        items.append(f"{lo_text}:{spell.dim(hi)}" + (f":{step}" if step != 1 else ""))
     return ", ".join(items)
+
+
+def _pad(a, s, x):
+    flat = [n for lo, hi in reversed(a["pads"]) for n in (lo, hi)]  # last axis first
+    value = float(a["value"])
+    text = repr(value) if math.isfinite(value) else ("-" if value < 0 else "") + "math.inf"
+    return f"F.pad({x}, {tuple(flat)}, value={text})"
+
+
+def _conv(a, s, x, w, b=None):
+    return f"F.conv2d({x}, {w}, {b}, {a.get('stride', 1)}, {a.get('padding', 0)})"
+
+
+def _batch_norm(a, s, x, w, b, mean, var):
+    fn = "batch_norm_fast" if s.numerics == "fast" else "batch_norm_ref"
+    return f"{fn}({x}, {w}, {b}, {mean}, {var}, {a['eps']!r})"
 
 
 def _const(a, s):
@@ -193,7 +211,9 @@ EMITTERS = {
     "matmul": lambda a, s, x, y: f"torch.matmul({x}, {y})",
     "reshape": lambda a, s, x: f"{x}.reshape({s.dims(a['shape'])})",
     "transpose": lambda a, s, x: f"{x}.permute({', '.join(map(str, a['perm']))})",
-    "slice": lambda a, s, x: f"{x}[{_slices(s, a['starts'], a['stops'])}]",
+    "slice": lambda a, s, x: f"{x}[{_slices(s, a['starts'], a['stops'], a.get('steps'))}]",
+    "pad": _pad,
+    "broadcast": lambda a, s, x: f"{x}.expand({s.dims(a['shape'])})",
     "concat": lambda a, s, *xs: f"torch.cat([{', '.join(xs)}], dim={a['axis']})",
     "take": lambda a, s, table, idx: f"{table}[{idx}]",
     "update_slice": _update_slice,
@@ -208,6 +228,11 @@ EMITTERS = {
     "gelu": _gelu,
     "rope": _rope,
     "attention": _attention,
+    "conv": _conv,
+    "max_pool": lambda a, s, x: (
+        f"F.max_pool2d({x}, {a['kernel']}, {a.get('stride', 1)}, {a.get('padding', 0)})"
+    ),
+    "batch_norm": _batch_norm,
 }
 for _name in UNARY:
     EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"

@@ -101,7 +101,19 @@ def attention_ref(q, k, v, causal, q_offset, window, scale):
     return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
 
 
+def batch_norm_ref(x, w, b, mean, var, eps):
+    """x * scale + shift over axis 1, scale = w * rsqrt(var + eps), shift = b - mean * scale."""
+    scale = w.float() * torch.rsqrt(var.float() + eps)
+    shift = b.float() - mean.float() * scale
+    view = (-1,) + (1,) * (x.dim() - 2)
+    return (x.float() * scale.reshape(view) + shift.reshape(view)).to(x.dtype)
+
+
 # -- numerics="fast": fused kernels, lower precision allowed ------------------------------
+def batch_norm_fast(x, w, b, mean, var, eps):
+    return F.batch_norm(x, mean, var, w, b, False, 0.0, eps)
+
+
 def rms_norm_fast(x, w, eps):
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 

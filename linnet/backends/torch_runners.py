@@ -5,7 +5,9 @@
 - `compile`: the generated module's entries under `torch.compile` (static cache,
   dynamic shapes so decode positions do not recompile).
 - `cudagraphs`: decode captured once and replayed (CUDA only).
-A runner has `forward(ids)`, `decode(ids, pos, state)` and `state_types`.
+A runner has `run(entry, inputs, dims, state)` (an entry's tensor inputs in the
+source's order, its runtime dims by name, the model's state: the entry takes the
+parts it declares), `inputs` (entry -> [(name, TensorType)]) and `state_types`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ def reference_graph(source: Source, config: dict, entry: str):
     return graph
 
 
+def entry_inputs(graphs: dict) -> dict:
+    """entry -> [(input name, TensorType)] in the source's order."""
+    return {e: [(v.name, v.type) for v in g.inputs] for e, g in graphs.items()}
+
+
+def state_types(graphs: dict) -> dict:
+    return {k: v.type for g in graphs.values() for k, v in g.states.items()}
+
+
 class InterpretedRunner:
     def __init__(self, source, config, params, device, numerics):
         if numerics != "equivalent":
@@ -44,13 +55,11 @@ class InterpretedRunner:
             )
         graphs = {e: reference_graph(source, config, e) for e in source.entries}
         self.runners = {e: Interpreter(g, params, device) for e, g in graphs.items()}
-        self.state_types = {k: v.type for g in graphs.values() for k, v in g.states.items()}
+        self.inputs = entry_inputs(graphs)
+        self.state_types = state_types(graphs)
 
-    def forward(self, ids):
-        return self.runners["forward"].run([ids])[0]
-
-    def decode(self, ids, pos, state):
-        return self.runners["decode"].run([ids], {"at": pos}, state)[0]
+    def run(self, entry, inputs, dims, state):
+        return self.runners[entry].run(inputs, dims, state)[0]
 
 
 def load_generated(text: str, name: str):
@@ -71,19 +80,18 @@ class GeneratedRunner:
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: params[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
-        graphs = {e: dedupe_guards(source.lower(config, e)) for e in source.entries}
-        self.state_types = {k: v.type for g in graphs.values() for k, v in g.states.items()}
-        self._forward, self._decode = self.module.forward, self.module.decode
+        self.graphs = {e: dedupe_guards(source.lower(config, e)) for e in source.entries}
+        self.inputs = entry_inputs(self.graphs)
+        self.state_types = state_types(self.graphs)
+        self.methods = {e: getattr(self.module, e) for e in self.graphs}
         if compiled:
             # dynamic shapes: one graph for every decode position and prompt length
-            self._forward = torch.compile(self.module.forward, dynamic=True)
-            self._decode = torch.compile(self.module.decode, dynamic=True)
+            self.methods = {e: torch.compile(m, dynamic=True) for e, m in self.methods.items()}
 
-    def forward(self, ids):
-        return self._forward(ids)
-
-    def decode(self, ids, pos, state):
-        return self._decode(ids, pos, **state)
+    def run(self, entry, inputs, dims, state):
+        graph = self.graphs[entry]
+        dim_args = [dims[k] for k in graph.dim_inputs]
+        return self.methods[entry](*inputs, *dim_args, **{s: state[s] for s in graph.states})
 
 
 def make_runner(mode: str, source, config, params, device, numerics):

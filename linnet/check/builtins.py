@@ -154,6 +154,90 @@ def _attention(cx, q, k, v, causal, q_offset, window, scale):
     )
 
 
+# -- vision --------------------------------------------------------------------------
+@builtin(
+    "conv",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor?", None),
+    ("stride", "int", Poly.const(1)),
+    ("padding", "int", Poly.const(0)),
+    doc="2-D convolution: x [B, C, H, W], w [O, C, KH, KW], zero padding on both sides",
+)
+def _conv(cx, x, w, b, stride, padding):
+    ins = [x, w] + ([b] if b is not None else [])
+    return cx.add("conv", ins, stride=_maybe_int(stride), padding=_maybe_int(padding))
+
+
+@builtin(
+    "max_pool",
+    ("x", "tensor"),
+    ("kernel", "int"),
+    ("stride", "int", Poly.const(1)),
+    ("padding", "int", Poly.const(0)),
+    doc="2-D max pooling of [B, C, H, W] (padding never wins)",
+)
+def _max_pool(cx, x, kernel, stride, padding):
+    kernel = _const_int(kernel, "kernel")
+    return cx.add(
+        "max_pool", [x], kernel=kernel, stride=_maybe_int(stride), padding=_maybe_int(padding)
+    )
+
+
+@builtin(
+    "batch_norm",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor"),
+    ("mean", "tensor"),
+    ("var", "tensor"),
+    ("eps", "float"),
+    doc="inference batch norm over axis 1 (running mean and var), f32 inside",
+)
+def _batch_norm(cx, x, w, b, mean, var, eps):
+    return cx.add("batch_norm", [x, w, b, mean, var], eps=eps)
+
+
+@builtin("relu", ("x", "tensor"), doc="max(x, 0)")
+def _relu(cx, x):
+    return cx.add("maximum", [x, cx.scalar(0.0, x.type.dtype)])
+
+
+@builtin("mean", ("x", "tensor"), ("axis", "int"), doc="mean over one axis, which is dropped")
+def _mean(cx, x, axis):
+    return cx.add(
+        "reduce_mean", [x], axis=norm_axis(_const_axis(axis), x.type.rank), keepdims=False
+    )
+
+
+@builtin("to_tokens", ("x", "tensor"), doc="[B, C, H, W] -> [B, H * W, C] (row-major)")
+def _to_tokens(cx, x):
+    if x.type.rank != 4:
+        raise OpTypeError("to_tokens needs [B, C, H, W]", "rank 4", str(x.type))
+    b, c, h, w = x.type.shape
+    x = cx.add("reshape", [x], shape=(b, c, h * w))
+    return cx.add("transpose", [x], perm=(0, 2, 1))
+
+
+@builtin("concat", ("a", "tensor"), ("b", "tensor"), ("axis", "int", Poly.const(1)))
+def _concat(cx, a, b, axis):
+    return cx.add("concat", [a, b], axis=norm_axis(_const_axis(axis), a.type.rank))
+
+
+@builtin("expand", ("x", "tensor"), ("n", "int"), doc="[1, ...] -> [n, ...]: repeat the first axis")
+def _expand(cx, x, n):
+    if x.type.rank < 1 or x.type.shape[0] != Poly.const(1):
+        raise OpTypeError("expand needs a first axis of size 1", "[1, ...]", str(x.type))
+    return cx.add("broadcast", [x], shape=(n,) + x.type.shape[1:])
+
+
+@builtin("cast_like", ("x", "tensor"), ("like", "tensor"), doc="x converted to like's dtype")
+def _cast_like(cx, x, like):
+    if x.type.dtype == like.type.dtype:
+        return x
+    return cx.add("cast", [x], dtype=like.type.dtype)
+
+
 def _cast(dtype: str):
     def body(cx, x):
         return cx.add("cast", [x], dtype=dtype)
@@ -172,6 +256,12 @@ for _name in ("exp", "tanh", "sqrt", "rsqrt", "sigmoid", "neg", "abs"):
 
 def _maybe_int(p: Poly):
     return p.value if isinstance(p, Poly) and p.is_const else p
+
+
+def _const_int(value: Poly, name: str) -> int:
+    if not value.is_const:
+        raise OpTypeError(f"{name} must be a constant", "an integer literal", str(value))
+    return value.value
 
 
 def _const_axis(axis: Poly) -> int:

@@ -114,6 +114,9 @@ class Elaborator(statements.Statements):
             g[s.name] = StateVal(s.name, self.tensor_type(s.type, frame))
         seen: dict[str, A.FnDef] = {}
         for fn in self.module.fns:
+            variants = fn.kind == "entry" == getattr(seen.get(fn.name), "kind", None)
+            if variants and fn.cond is not None and seen[fn.name].cond is not None:
+                continue  # entry variants: `entry forward(...) -> ... if COND`, one per config
             if fn.name in seen:
                 self.error(
                     fn.span, f"`{fn.name}` is already declared (on line {seen[fn.name].span.line})"
@@ -276,8 +279,8 @@ class Elaborator(statements.Statements):
 
     # -- lowering -------------------------------------------------------------------------
     def lower_entry(self, name: str) -> Graph:
-        fn = self.fns.get(name)
-        if fn is None or fn.kind != "entry":
+        fn = self.entry_variant(name)
+        if fn is None:
             raise ConfigError(f"{self.module.path}: no entry point `{name}`")
         self.graph = Graph(name)
         self.builder = GraphBuilder(self.graph)
@@ -294,12 +297,42 @@ class Elaborator(statements.Statements):
         for d in self.module.dims:
             if d.value is None:
                 frame.dims[d.name] = Poly.atom(d.name)
+        if not self.entry_exists(fn):
+            self.graph.outputs = [self._absent_entry(fn, frame)]
+            return self.graph
         self.run_body(fn.body, frame)
         self.graph.outputs = [frame.returned.v]
         for s, v in self.state_values.items():
             if v is not self.graph.states[s]:
                 self.graph.state_outputs[s] = v
         return self.graph
+
+    def entry_variant(self, name: str) -> A.FnDef | None:
+        """The declaration of entry `name` for this config: the first whose `if` holds (or
+        the first, when none does: it lowers to a graph that says so)."""
+        variants = [f for f in self.module.fns if f.kind == "entry" and f.name == name]
+        return next(
+            (f for f in variants if self.entry_exists(f)), variants[0] if variants else None
+        )
+
+    def entry_exists(self, fn: A.FnDef) -> bool:
+        """Whether an entry declared `entry ... if COND` has COND true for this config."""
+        return fn.cond is None or self.expr(fn.cond, Frame(fn)).value is True
+
+    def _absent_entry(self, fn: A.FnDef, frame: Frame):
+        """The graph of an entry this config lacks: a guard that always fails with the
+        reason, and a zero result of the declared type (never returned), so every backend
+        can build all of a source's entries and a call says what is wrong."""
+        cond = self.module.lines[fn.cond.span.line - 1][fn.cond.span.col - 1 :].strip()
+        self._where = f"{self.module.path}:{fn.span.line}:{fn.span.col}"
+        message = f"entry `{fn.name}` exists only `if {cond}`, which this config does not meet"
+        self.builder.add("guard", [], where=self._where, lhs=Poly.const(1), rhs=Poly.const(0),
+                         message=message)  # fmt: skip
+        t = self.tensor_type(fn.ret, frame)
+        zero = self.builder.add("iota", [], length=Poly.const(1), start=Poly.const(0), dtype="i64")
+        zero = self.builder.add("reshape", [zero], shape=(Poly.const(1),) * t.rank)
+        zero = self.builder.add("cast", [zero], dtype=t.dtype)
+        return self.builder.add("broadcast", [zero], shape=t.shape)
 
 
 def check_source(module: A.Module) -> list[Diagnostic]:

@@ -33,6 +33,14 @@ from linnet.syntax import ast as A
 SCALAR_KINDS = {"int": DVal, "float": (FVal, DVal), "bool": BVal, "str": SVal}
 
 
+def _conjuncts(cond: A.Expr):
+    """`a and b` holds: so do `a`, `b` (and their own conjuncts) and the whole."""
+    yield _unparse(cond)
+    if isinstance(cond, A.BinOp) and cond.op == "and":
+        yield from _conjuncts(cond.left)
+        yield from _conjuncts(cond.right)
+
+
 class Statements(Expressions):
     # -- bodies ------------------------------------------------------------------------
     def run_body(self, body: list[A.Stmt], frame) -> None:
@@ -482,26 +490,31 @@ class Statements(Expressions):
 
     # -- checking one function ----------------------------------------------------------------
     def check_fn(self, fn: A.FnDef) -> None:
-        if fn.name in self.fn_writes:
+        # an entry may have variants (`entry forward ... if COND`), each checked
+        key = fn.name if fn.kind == "fn" else f"{fn.name}:{fn.span.line}"
+        if key in self.fn_writes:
             return
         if fn.name in self.checking_stack:
             self.error(fn.span, f"`{fn.name}` calls itself; recursion is not supported")
-        self.checking_stack.append(fn.name)
+        self.checking_stack.append(key)
         frame = self.pattern_frame(fn)
         self._frame = frame
-        self.broken_fns.add(fn.name)  # until its body checks through
+        self.broken_fns.add(key)  # until its body checks through
         try:
             for arg in fn.args:
                 frame.vars[arg.name] = self.arg_value(arg, frame)
+            if fn.cond is not None:  # the body may use the params of that condition
+                self.expect_kind(self.expr(fn.cond, frame), BVal, fn.cond, "an entry's `if`", frame)
+                frame.true_conds = frame.true_conds | set(_conjuncts(fn.cond))
             self.run_body(fn.body, frame)
             if frame.returned is None:
                 self.error(fn.span, f"`{fn.name}` does not end with `return`", frame=frame)
             if fn.kind == "entry" and not frame.calls_broken:
                 self.check_updates(fn, frame)
-            self.broken_fns.discard(fn.name)
+            self.broken_fns.discard(key)
         finally:  # a broken function is reported once, not again at each call
             self.checking_stack.pop()
-            self.fn_writes[fn.name] = frame.writes
+            self.fn_writes[key] = frame.writes
 
     def arg_value(self, arg: A.Arg, frame):
         t = arg.type

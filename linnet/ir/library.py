@@ -177,6 +177,74 @@ def attention(b, q, k, v, q_positions=None, *, causal=True, q_offset=0, window=0
     return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
 
 
+def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: float):
+    """Every kernel offset (i, j) of x [B, C, H, W] padded by `value`: a list of the
+    strided views [B, C, OH, OW] that offset sees, row-major over the kernel."""
+    bsz, ch, h, w = b.type_of(x).shape
+    if padding:
+        pads = ((0, 0), (0, 0), (padding, padding), (padding, padding))
+        x = b.add("pad", [x], pads=pads, value=value)
+    oh = (h + 2 * padding - kernel[0]).floordiv(stride) + 1
+    ow = (w + 2 * padding - kernel[1]).floordiv(stride) + 1
+    views = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            starts = (0, 0, i, j)
+            stops = (bsz, ch, i + stride * (oh - 1) + 1, j + stride * (ow - 1) + 1)
+            views.append(
+                b.add("slice", [x], starts=starts, stops=stops, steps=(1, 1, stride, stride))
+            )
+    return views, oh, ow
+
+
+def conv(b, x, w, bias=None, *, stride=1, padding=0):
+    """im2col: the kernel's views of x stacked on the channel axis, then one matmul with w
+    flattened to [O, C * KH * KW] (patches that tile the input: reshape, no copies)."""
+    bsz, ch, h, wd = b.type_of(x).shape
+    out_ch, _, kh, kw = (d.value for d in b.type_of(w).shape)
+    k = ch * kh * kw
+    if stride == kh == kw and not padding:  # non-overlapping patches (ViT): a reshape
+        oh, ow = h.floordiv(kh), wd.floordiv(kw)
+        if oh * kh != h or ow * kw != wd:
+            x = b.add("slice", [x], starts=(0, 0, 0, 0), stops=(bsz, ch, oh * kh, ow * kw))
+        x = b.add("reshape", [x], shape=(bsz, ch, oh, kh, ow, kw))
+        x = b.add("transpose", [x], perm=(0, 2, 4, 1, 3, 5))  # (B, OH, OW, C, KH, KW)
+        cols = b.add("reshape", [x], shape=(bsz, oh * ow, k))
+        y = linear(b, cols, b.add("reshape", [w], shape=(out_ch, k)), bias)  # (B, OH*OW, O)
+        y = b.add("transpose", [y], perm=(0, 2, 1))
+        return b.add("reshape", [y], shape=(bsz, out_ch, oh, ow))
+    views, oh, ow = _windows(b, x, (kh, kw), stride, padding, 0.0)
+    cols = [b.add("reshape", [v], shape=(bsz, ch, 1, oh * ow)) for v in views]
+    cols = cols[0] if len(cols) == 1 else b.add("concat", cols, axis=2)  # (B, C, KH*KW, OH*OW)
+    cols = b.add("reshape", [cols], shape=(bsz, k, oh * ow))
+    y = b.add("matmul", [b.add("reshape", [w], shape=(out_ch, k)), cols])  # (B, O, OH*OW)
+    if bias is not None:
+        y = b.add("add", [y, b.add("reshape", [bias], shape=(out_ch, 1))])
+    return b.add("reshape", [y], shape=(bsz, out_ch, oh, ow))
+
+
+def max_pool(b, x, *, kernel, stride=1, padding=0):
+    views, _, _ = _windows(b, x, (kernel, kernel), stride, padding, -math.inf)
+    out = views[0]
+    for v in views[1:]:
+        out = b.add("maximum", [out, v])
+    return out
+
+
+def batch_norm(b, x, w, bias, mean, var, *, eps):
+    """y = x * scale + shift with scale = w * rsqrt(var + eps), shift = b - mean * scale,
+    all in f32 (PyTorch's inference kernel computes the same two terms). scale and shift
+    read params only: the interpreter folds them once at load."""
+    t = b.type_of(x)
+    w, bias, mean, var = (b.add("cast", [p], dtype=F32) for p in (w, bias, mean, var))
+    scale = b.add("mul", [w, b.add("rsqrt", [b.add("add", [var, _const(b, eps, F32)])])])
+    shift = b.add("sub", [bias, b.add("mul", [mean, scale])])
+    channel = (t.shape[1],) + (Poly.const(1),) * (t.rank - 2)  # (C, 1, 1) broadcasts
+    scale, shift = (b.add("reshape", [p], shape=channel) for p in (scale, shift))
+    y = b.add("add", [b.add("mul", [b.add("cast", [x], dtype=F32), scale]), shift])
+    return b.add("cast", [y], dtype=t.dtype)
+
+
 DECOMPOSITIONS = {
     "linear": linear,
     "rms_norm": rms_norm,
@@ -186,4 +254,7 @@ DECOMPOSITIONS = {
     "gelu": gelu,
     "rope": rope,
     "attention": attention,
+    "conv": conv,
+    "max_pool": max_pool,
+    "batch_norm": batch_norm,
 }

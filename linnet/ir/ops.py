@@ -196,13 +196,43 @@ def _transpose(ins, attrs):
     return x.with_shape([x.shape[p] for p in perm])
 
 
-@op("slice", doc="x[starts[i] : stops[i]] on every axis; bounds may be runtime dims")
+@op(
+    "slice",
+    doc="x[starts[i] : stops[i] : steps[i]] on every axis; bounds may be runtime dims; "
+    "attrs['steps'] (optional, constants >= 1) takes every steps[i]-th element",
+)
 def _slice(ins, attrs):
     x = ins[0]
     starts, stops = attrs["starts"], attrs["stops"]
-    if len(starts) != x.rank or len(stops) != x.rank:
+    steps = attrs.get("steps") or (1,) * x.rank
+    if len(starts) != x.rank or len(stops) != x.rank or len(steps) != x.rank:
         raise OpTypeError("slice needs a bound per axis", str(x.rank), str(len(starts)))
-    return x.with_shape([Poly.lift(e) - Poly.lift(s) for s, e in zip(starts, stops)])
+    if any(not isinstance(k, int) or k < 1 for k in steps):
+        raise OpTypeError("slice steps must be constants >= 1", ">= 1", str(steps))
+    return x.with_shape(
+        [
+            (Poly.lift(e) - Poly.lift(s) + (k - 1)).floordiv(k)
+            for s, e, k in zip(starts, stops, steps)
+        ]
+    )
+
+
+@op("pad", doc="x padded with attrs['value'] by attrs['pads'] = ((lo, hi), ...) per axis")
+def _pad(ins, attrs):
+    x = ins[0]
+    pads = attrs["pads"]
+    if len(pads) != x.rank or any(lo < 0 or hi < 0 for lo, hi in pads):
+        raise OpTypeError("pad needs (lo, hi) >= 0 per axis", f"{x.rank} pairs", str(pads))
+    return x.with_shape([d + lo + hi for d, (lo, hi) in zip(x.shape, pads)])
+
+
+@op("broadcast", doc="x repeated along its size-1 axes to attrs['shape'] (same rank)")
+def _broadcast(ins, attrs):
+    x = ins[0]
+    shape = tuple(Poly.lift(d) for d in attrs["shape"])
+    if len(shape) != x.rank or any(d != Poly.const(1) and d != s for d, s in zip(x.shape, shape)):
+        raise OpTypeError("broadcast needs size-1 or equal axes", str(x), str(list(shape)))
+    return x.with_shape(shape)
 
 
 @op("concat", arity=(1, None), doc="join along attrs['axis']")
@@ -361,3 +391,83 @@ def _attention(ins, attrs):
             f"{hq} heads, {hk} kv heads",
         )
     return TensorType(dtype, q.shape)
+
+
+# -- vision: convolution, pooling, batch norm (decompositions in linnet/ir/library.py) -----
+def _spatial_out(size: Poly, kernel: Poly, stride: int, padding: int) -> Poly:
+    """(size + 2 * padding - kernel) // stride + 1, as PyTorch sizes a conv or pool."""
+    return (size + 2 * padding - kernel).floordiv(stride) + 1
+
+
+def _window_attrs(attrs, what: str) -> tuple:
+    """stride and padding: ints when lowering; the checker may pass config dims."""
+    stride, padding = attrs.get("stride", 1), attrs.get("padding", 0)
+    for value, low in ((stride, 1), (padding, 0)):
+        if isinstance(value, Poly) and not value.is_const:
+            continue
+        if int(Poly.lift(value).value) < low:
+            raise OpTypeError(
+                f"{what} needs stride >= 1 and padding >= 0", "integers", f"{stride}, {padding}"
+            )
+    return stride, padding
+
+
+@op(
+    "conv",
+    "library",
+    "2-D convolution of x [B, C, H, W] by w [O, C, KH, KW] (+ b [O]), attrs stride and "
+    "padding (zeros, both sides), as F.conv2d with groups=1",
+    arity=(2, 3),
+)
+def _conv(ins, attrs):
+    x, w = ins[0], ins[1]
+    dtype = same_dtype(ins, "conv")
+    require_float(x, "conv")
+    stride, padding = _window_attrs(attrs, "conv")
+    if x.rank != 4 or w.rank != 4 or x.shape[1] != w.shape[1]:
+        raise OpTypeError(
+            "shape mismatch in conv: x [B, C, H, W] and w [O, C, KH, KW]",
+            f"w like [O, {x.shape[1] if x.rank == 4 else 'C'}, KH, KW]",
+            f"x {x} and w {w}",
+        )
+    if len(ins) == 3 and (ins[2].rank != 1 or ins[2].shape[0] != w.shape[0]):
+        raise OpTypeError("shape mismatch in conv: bias", f"[{w.shape[0]}]", str(ins[2]))
+    h, wd = (_spatial_out(x.shape[i], w.shape[i], stride, padding) for i in (2, 3))
+    return TensorType(dtype, (x.shape[0], w.shape[0], h, wd))
+
+
+@op(
+    "max_pool",
+    "library",
+    "2-D max pooling of x [B, C, H, W]: attrs kernel, stride, padding (-inf), as F.max_pool2d",
+)
+def _max_pool(ins, attrs):
+    x = ins[0]
+    require_float(x, "max_pool")
+    stride, padding = _window_attrs(attrs, "max_pool")
+    kernel = attrs["kernel"]
+    if x.rank != 4 or (isinstance(padding, int) and 2 * padding > kernel):
+        raise OpTypeError("max_pool needs [B, C, H, W] and padding <= kernel / 2", "", str(x))
+    h, w = (_spatial_out(x.shape[i], Poly.const(kernel), stride, padding) for i in (2, 3))
+    return x.with_shape((x.shape[0], x.shape[1], h, w))
+
+
+@op(
+    "batch_norm",
+    "library",
+    "inference batch norm over axis 1: (x - mean) * rsqrt(var + eps) * w + b, f32 inside; "
+    "operands x, w, b, mean, var",
+    arity=(5, 5),
+)
+def _batch_norm(ins, attrs):
+    x = ins[0]
+    require_float(x, "batch_norm")
+    same_dtype(ins, "batch_norm")
+    if x.rank < 2:
+        raise OpTypeError("batch_norm needs channels on axis 1", "[B, C, ...]", str(x))
+    for p in ins[1:]:
+        if p.rank != 1 or p.shape[0] != x.shape[1]:
+            raise OpTypeError(
+                "shape mismatch in batch_norm: params must match axis 1", f"[{x.shape[1]}]", str(p)
+            )
+    return x

@@ -192,6 +192,7 @@ class FnDef:
     ret: TypeRef
     updates: list[str]
     body: list[Stmt]
+    cond: Expr | None = None  # entries only: the config condition under which it exists
 
 
 @dataclass

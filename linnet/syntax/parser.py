@@ -6,7 +6,8 @@ Grammar (informal):
               | 'dim' NAME (',' NAME)* ['=' expr] NL
               | 'params' NL INDENT pdecl+ DEDENT
               | 'state' NAME ':' type NL
-              | ('fn' | 'entry') NAME '(' args ')' ['updates' NAME (',' NAME)*] '->' type NL block
+              | ('fn' | 'entry') NAME '(' args ')' ['updates' NAME (',' NAME)*] '->' type
+                ['if' expr] NL block                    (the `if` on entries only)
     pdecl    := NAME (',' NAME)* ':' type ['=' expr] ['if' expr] NL
               | NAME '[' expr ']' NL INDENT pdecl+ DEDENT
     type     := NAME ['[' expr (',' expr)* ']'] ['?']
@@ -241,8 +242,13 @@ class Parser:
                 updates.append(self.name("a state name").text)
         self.expect("->", "before the return type")
         ret = self.type_ref()
+        cond = None
+        if start.text == "entry" and self.at("if"):  # an entry only some configs have
+            self.advance()
+            cond = self.expr()
         self.newline()
-        return A.FnDef(self.span(start), start.text, name, args, ret, updates, self.block())
+        body = self.block()
+        return A.FnDef(self.span(start), start.text, name, args, ret, updates, body, cond)
 
     # -- statements -------------------------------------------------------------
     def block(self) -> list[A.Stmt]:

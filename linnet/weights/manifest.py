@@ -373,8 +373,21 @@ def layer_types_window(config: Mapping, field_name: str) -> Any:
     )
 
 
+def num_labels(config: Mapping, field_name: str) -> Any:
+    """Classifier outputs: transformers derives `num_labels` from `id2label`."""
+    labels = config.get("id2label")
+    return len(labels) if labels else int(config.get("num_labels", 2))
+
+
+def mlp_ratio_ffn(config: Mapping, field_name: str) -> Any:
+    """DINOv2: the MLP width is int(hidden_size * mlp_ratio)."""
+    return int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
+
+
 COMPUTED: dict[str, Callable[[Mapping, str], Any]] = {
     "layer_types_window": layer_types_window,
+    "num_labels": num_labels,
+    "mlp_ratio_ffn": mlp_ratio_ffn,
 }
 
 
@@ -923,6 +936,7 @@ _TOP_KEYS = {
     "architecture",
     "source",
     "base",
+    "base_prefix",
     "hf_prefix",
     "ignore",
     "config",
@@ -1082,8 +1096,16 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
         requirements = [r for r in base.require if r.name not in mine] + requirements
         claimed = {p for r in rules for p in r.params}
         inherited = [r for r in base.rules if not claimed & set(r.params)]
+        moved = data.get("base_prefix", "")  # the base's tensors sit under a prefix here
+        if moved:
+            inherited = [
+                Rule(moved + r.hf, r.params, r.transforms, r.split_axis, r.gguf) for r in inherited
+            ]
+            base_ignore = [moved + p for p in base.ignore]
+        else:
+            base_ignore = base.ignore
         rules = inherited + rules
-        ignore = base.ignore + [p for p in ignore if p not in base.ignore]
+        ignore = base_ignore + [p for p in ignore if p not in base_ignore]
 
     seen_params: dict[str, str] = {}
     for r in rules:
