@@ -44,8 +44,9 @@ def plan_checkpoint(
     if dtype is not None:
         overrides["act"] = normalize_dtype(dtype)
     overrides.setdefault("act", "f32")
-    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
-    overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+    if "max_positions" in source.fields:  # a source with a cache: cap its length
+        limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
+        overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
     config = source.config(overrides)
     layout = source.params(config)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}

@@ -9,6 +9,10 @@ the same manifest). The format:
 architecture = "LlamaForCausalLM"     # config.json `architectures[0]`
 source = "llama"                      # zoo/llama.linnet
 base = "llama.toml"                   # optional: inherit, then override (see below)
+base_prefix = "bert."                 # optional: the base's tensor names (and ignore
+                                      #   patterns) under this prefix, for a task model
+                                      #   that holds the base model (BertForMaskedLM);
+                                      #   hf_prefix defaults to it
 hf_prefix = "transformer."            # optional: HF base_model_prefix; tensors saved
                                       #   without it (from the bare base model) also match
 ignore = ["model.layers.{i}.self_attn.rotary_emb.inv_freq"]   # may be present, unused
@@ -95,7 +99,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -923,6 +927,7 @@ _TOP_KEYS = {
     "architecture",
     "source",
     "base",
+    "base_prefix",
     "hf_prefix",
     "ignore",
     "config",
@@ -1067,7 +1072,10 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
     source = data.get("source", base.source if base else None)
     if not isinstance(source, str):
         raise _fail(path, 'missing source = "..."')
-    prefix = data.get("hf_prefix", base.hf_prefix if base else "")
+    base_prefix = data.get("base_prefix", "")
+    if base_prefix and base is None:
+        raise _fail(path, "base_prefix needs a base")
+    prefix = data.get("hf_prefix", base_prefix or (base.hf_prefix if base else ""))
 
     if base is not None:
         names = set(fields) | set(const)
@@ -1082,8 +1090,11 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
         requirements = [r for r in base.require if r.name not in mine] + requirements
         claimed = {p for r in rules for p in r.params}
         inherited = [r for r in base.rules if not claimed & set(r.params)]
+        # a task model holds the base model under a prefix (BertForMaskedLM: `bert.`)
+        inherited = [replace(r, hf=base_prefix + r.hf) for r in inherited]
         rules = inherited + rules
-        ignore = base.ignore + [p for p in ignore if p not in base.ignore]
+        base_ignore = [base_prefix + p for p in base.ignore]
+        ignore = base_ignore + [p for p in ignore if p not in base_ignore]
 
     seen_params: dict[str, str] = {}
     for r in rules:
