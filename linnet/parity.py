@@ -184,6 +184,11 @@ def run_gate(
     t0 = time.perf_counter()
     folder = Path(folder)
     dtype = normalize_dtype(dtype)
+    if entry is not None and entry.kind == "encoder":
+        raise LinnetError(
+            f"{entry.name} is an encoder: this gate compares logits; encoders are checked on "
+            "their embeddings by tests/test_encoders.py and tests/test_minilm.py"
+        )
     if entry is None:
         from linnet.zoo.registry import registry
 
