@@ -255,7 +255,7 @@ def format_table(report: Report) -> str:
 
 def record(report: Report) -> dict:
     out = asdict(report)
-    out["tolerance"] = asdict(report.tolerance)
+    out["tolerance"] = report.tolerance.as_dict()
     out["passed"] = report.passed
     return out
 

@@ -155,3 +155,30 @@ def test_a_checkpoint_with_an_extra_layer_fails_the_plan(built, tmp_path):
     done = CliRunner().invoke(main, ["plan", str(bad)])
     assert done.exit_code == 1, done.output
     assert "unexpected tensor encoder.layer.1." in done.output
+
+
+@pytest.mark.parametrize("arch", ["BertForMaskedLM", "RobertaForMaskedLM"])
+def test_a_masked_lm_checkpoint_loads_its_encoder(tmp_path, arch):
+    """Task models hold the encoder under `bert.` / `roberta.` (base_prefix); heads ignored.
+    The pooler is added as bert-base-uncased and roberta-base (pretraining checkpoints)
+    have it: the bert source needs one (a checkpoint without fails the plan, naming it)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    base = "BertModel" if arch.startswith("Bert") else "RobertaModel"
+    kwargs = TINY_ENCODER_CONFIGS[base, "base"]
+    config = AutoConfig.for_model("bert" if base == "BertModel" else "roberta", **kwargs)
+    config.architectures = [arch]
+    torch.manual_seed(0)
+    mlm = AutoModelForMaskedLM.from_config(config, attn_implementation="eager").eval()
+    mlm.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    prefix = "bert." if base == "BertModel" else "roberta."
+    tensors[prefix + "pooler.dense.weight"] = torch.randn(32, 32)
+    tensors[prefix + "pooler.dense.bias"] = torch.randn(32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = lt.load(tmp_path)
+    ids, mask = _batch(model)
+    with torch.no_grad():
+        want = mlm.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert _valid_delta(model.forward(ids, mask), want, mask) <= F32_TOL

@@ -208,17 +208,22 @@ def plan_for(folder: Path, dtype: str = "f32"):
 def test_manifests_cover_the_six_architectures():
     assert maps_dir().name == "weights_maps"
     assert supported_architectures() == [
+        "BertForMaskedLM",
+        "BertModel",
         "GPT2LMHeadModel",
         "LlamaForCausalLM",
         "MistralForCausalLM",
         "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "RobertaForMaskedLM",
+        "RobertaModel",
     ]
+    sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert"}
     for arch in supported_architectures():
         m = find_manifest(arch)
         assert m.architecture == arch
-        assert m.source == ("gpt2" if arch.startswith("GPT2") else "llama")
+        assert m.source == sources.get(arch[:4], "llama")
 
 
 def test_unsupported_architecture_lists_supported(models, tmp_path):

@@ -53,6 +53,11 @@ class Tolerance:
     top5: int = 0  # least overlap of the two top-5 sets (decoders)
     cosine: float = 0.0  # least cosine similarity of the two embeddings (encoders)
 
+    def as_dict(self) -> dict:
+        """The limits that apply: top5 for logits, cosine for embeddings (parity records)."""
+        last = {"cosine": self.cosine} if self.cosine else {"top5": self.top5}
+        return {"max_abs": self.max_abs, "rel": self.rel, **last}
+
     def text(self) -> str:
         last = f"cosine ≥ {self.cosine:g}" if self.cosine else f"top-5 ≥ {self.top5}/5"
         return f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}, {last}"
