@@ -333,9 +333,10 @@ def plan_for(ckpt, dtype: str | None = None):
     source = source_for(manifest)
     overrides = manifest.translate_config(hf_config)
     overrides["act"] = normalize_dtype(dtype) if dtype else overrides.get("act", "f32")
-    overrides["max_positions"] = min(
-        overrides.get("max_positions", DEFAULT_MAX_POSITIONS), DEFAULT_MAX_POSITIONS
-    )
+    if "max_positions" in source.fields:  # a source with a cache (encoders have none)
+        overrides["max_positions"] = min(
+            overrides.get("max_positions", DEFAULT_MAX_POSITIONS), DEFAULT_MAX_POSITIONS
+        )
     config = source.config(overrides)
     layout = source.params(config)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}

@@ -44,7 +44,7 @@ def plan_checkpoint(
     if dtype is not None:
         overrides["act"] = normalize_dtype(dtype)
     overrides.setdefault("act", "f32")
-    if any(f.name == "max_positions" for f in source.module.fields):  # a cache to size
+    if "max_positions" in source.fields:  # a source with a cache: cap its length
         limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
         overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
     config = source.config(overrides)

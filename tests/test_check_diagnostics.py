@@ -312,6 +312,16 @@ CASES: dict[str, Case] = {
         "expected `model` at the start of a source"),
     "call_of_a_non_name": Case(MLP_H, "  h = p.f(x)\n", 64, 10, "(x)",
         "only named functions can be called"),
+    # -- encoders: padding masks and pooling --------------------------------------
+    "attention_mask_of_the_wrong_shape": Case(
+        "    o = attention(q, k, v, causal=true, q_offset=at)\n",
+        "    o = attention(q, k, v, causal=true, q_offset=at, mask=x)\n", 60, 9, "attention(",
+        "attention mask must be [batch, keys] of integers or bool",
+        expected="i64, i32 or bool [B, S]", received="act[B, S, dim]",
+        hint="1 attends, 0 is padding"),
+    "mean_pool_mask_of_the_wrong_shape": Case(MLP_H, "  h = mean_pool(x, x)\n", 64, 7,
+        "mean_pool(", "mean_pool needs x [B, S, D] and mask [B, S]",
+        received="act[B, S, dim], act[B, S, dim]"),
 }
 # fmt: on
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -166,6 +167,24 @@ def tt(dtype: str, *shape) -> TensorType:
             "multiple of kv heads",
         ),
         ("rope", [tt("f32", 1, 2, 3, 5)], {}, "even head dim"),
+        (
+            "attention",
+            [tt("f32", 2, 2, 3, 4), tt("f32", 2, 2, 5, 4), tt("f32", 2, 2, 5, 4), tt("i64", 2, 3)],
+            {"masked": True},
+            "mask must be \\[batch, keys\\]",
+        ),
+        (
+            "attention",
+            [tt("f32", 2, 2, 3, 4), tt("f32", 2, 2, 5, 4), tt("f32", 2, 2, 5, 4), tt("f32", 2, 5)],
+            {"masked": True},
+            "of integers or bool",
+        ),
+        (
+            "attention",
+            [tt("f32", 2, 2, 3, 4), tt("f32", 2, 2, 5, 4), tt("f32", 2, 2, 5, 4)],
+            {"masked": True},
+            "needs a mask operand",
+        ),
     ],
 )
 def test_op_rule_failures_raise_op_type_error(op, inputs, attrs, match):
@@ -682,3 +701,59 @@ def test_report_measured_deltas():
     for name, delta in sorted(MEASURED.items()):
         print(f"  {name:60s} {delta:.3e}")
     assert all(math.isfinite(d) for d in MEASURED.values())
+
+
+# -- attention with a key padding mask ---------------------------------------------------------
+def padding_mask(lengths, keys, dtype=torch.int64):
+    return (torch.arange(keys)[None, :] < torch.tensor(lengths)[:, None]).to(dtype)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_key_mask_f32(mask_dtype, causal):
+    q, k, v = qkv(3, 4, 2, 6, 6, 8)
+    mask = padding_mask([6, 4, 1], 6, mask_dtype)
+    got = run_op("attention", [q, k, v, mask], causal=causal, q_offset=0, masked=True)
+    allowed = mask.bool()[:, None, None, :] & visible(6, 6, 0, causal, 0)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    assert_f32(got, want, f"attention f32 key mask {mask_dtype} causal={causal}")
+
+
+def test_attention_key_mask_in_both_preludes_matches_the_decomposition():
+    import jax.numpy as jnp
+
+    from linnet.backends import jax_prelude, torch_prelude
+
+    q, k, v = qkv(3, 4, 2, 6, 6, 8)
+    mask = padding_mask([6, 4, 2], 6)
+    want = run_op("attention", [q, k, v, mask], causal=False, q_offset=0, masked=True)
+    for fn in (torch_prelude.attention_ref, torch_prelude.attention_fast):
+        got = fn(q, k, v, False, 0, 0, None, mask)
+        assert_f32(got, want, f"torch {fn.__name__} key mask")
+    j = [jnp.asarray(t.numpy()) for t in (q, k, v, mask)]
+    for fn in (jax_prelude.attention_ref, jax_prelude.attention_fast):
+        got = torch.from_numpy(np.array(fn(*j[:3], False, 0, 0, None, j[3])))
+        assert_matches(got, want, f"jax {fn.__name__} key mask", atol=1e-5)
+
+
+def test_cumsum_and_mean_pool_builtins():
+    from linnet.source import Source
+
+    text = """model pool
+config
+  d: int = 3
+dim B, S
+params
+  w: f32[d]
+entry forward(ids: i64[B, S], x: f32[B, S, d]) -> f32[B, d]
+  return mean_pool(x, cumsum(i64(ids != 0)))
+"""
+    src = Source.parse_text(text, "<pool>")
+    graph = decompose(src.lower(src.config(), "forward"))
+    verify(graph)
+    ids = torch.tensor([[3, 0, 2, 5], [0, 0, 1, 0]])
+    x = rand(2, 4, 3)
+    got = Interpreter(graph, {}).run([ids, x])[0]
+    weight = torch.cumsum((ids != 0).long(), -1)[..., None].float()  # 1 1 2 3 / 0 0 1 1
+    want = (x * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
+    assert_f32(got, want, "mean_pool over cumsum weights")

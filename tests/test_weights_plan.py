@@ -208,6 +208,8 @@ def plan_for(folder: Path, dtype: str = "f32"):
 def test_manifests_cover_the_six_architectures():
     assert maps_dir().name == "weights_maps"
     assert supported_architectures() == [
+        "BertForMaskedLM",
+        "BertModel",
         "Dinov2Model",
         "GPT2LMHeadModel",
         "LlamaForCausalLM",
@@ -215,15 +217,18 @@ def test_manifests_cover_the_six_architectures():
         "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "RobertaForMaskedLM",
+        "RobertaModel",
         "SiglipVisionModel",
         "ViTForImageClassification",
         "ViTModel",
     ]
+    sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert", "ViTM": "vit", "ViTF": "vit"}
+    sources |= {"Dino": "vit", "Sigl": "vit"}
     for arch in supported_architectures():
         m = find_manifest(arch)
         assert m.architecture == arch
-        vision = arch.startswith(("ViT", "Dinov2", "Siglip"))
-        assert m.source == ("vit" if vision else "gpt2" if arch.startswith("GPT2") else "llama")
+        assert m.source == sources.get(arch[:4], "llama")
 
 
 def test_unsupported_architecture_lists_supported(models, tmp_path):

@@ -21,6 +21,7 @@ gpt-oss-20b all-minilm-l6-v2 bert-base-uncased roberta-base modernbert-base resn
 vit-base-16-224 dinov2-base sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
 sd-vae-ft-mse sdxl-base-unet""".split()
 DECODERS = DESIGN_NAMES[:10]
+ENCODERS = DESIGN_NAMES[11:14]
 REVISIONS_TSV = Path(__file__).resolve().parents[2] / "shared" / "research" / "hf-revisions.tsv"
 
 READY = registry().ready()
@@ -29,7 +30,8 @@ READY = registry().ready()
 def test_every_design_entry_is_listed_with_its_status():
     reg = registry()
     assert sorted(e.name for e in reg) == sorted(DESIGN_NAMES)
-    assert sorted(e.name for e in READY) == sorted(DECODERS)
+    assert sorted(e.name for e in READY) == sorted(DECODERS + ENCODERS)
+    assert sorted(e.name for e in reg.decoders()) == sorted(DECODERS)
     assert all(e.needs for e in reg.planned())
     assert reg.get("llama-3.1-8b-instruct").name == "llama-3.1-8b"
 
@@ -38,8 +40,10 @@ def _source_config(entry):
     manifest = entry.manifest()
     hf = {**entry.config, "architectures": [entry.architecture]}
     fields = manifest.translate_config(hf)
-    fields.update(act="bf16", max_positions=64)
     source = source_for(manifest)
+    fields.update(act="bf16")
+    if "max_positions" in source.fields:  # decoders: a small cache
+        fields.update(max_positions=64)
     return source, source.config(fields)
 
 
@@ -55,7 +59,11 @@ def test_ready_entry_fits_its_source_and_claims_the_right_size(entry):
     claimed = float(entry.params[:-1]) * {"M": 1e6, "B": 1e9}[entry.params[-1]]
     assert abs(count - claimed) / claimed < 0.03, f"{entry.name}: {count:,} params"
     assert getattr(transformers, entry.reference_class).__name__ == entry.reference_class
-    assert entry.prompts and entry.license and entry.backends == ("torch",)
+    assert entry.prompts and entry.license and entry.backends == ("torch", "jax", "onnx")
+    if entry.kind == "encoder":  # limits on the embeddings, measured in f32
+        tol = entry.tolerance("torch", "f32")
+        assert tol.max_abs > 0 and tol.rel > 0 and 0.9999 <= tol.cosine < 1 and not tol.top5
+        return
     for dtype in ("f32", "bf16"):
         tol = entry.tolerance("torch", dtype)
         assert tol.max_abs > 0 and tol.rel > 0 and 1 <= tol.top5 <= 5
@@ -83,7 +91,7 @@ def test_a_config_is_recognised_as_its_entry_only():
     assert all(k in SHAPE_FIELDS for k in ("hidden_size", "n_embd"))
 
 
-@pytest.mark.parametrize("entry", READY, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", registry().decoders(), ids=lambda e: e.name)
 def test_scaled_config_keeps_the_code_path(entry):
     from transformers import AutoConfig
 
@@ -136,7 +144,7 @@ def test_zoo_list_shows_every_entry_its_status_and_parity(tmp_path):
     assert "real: bf16 ✕; tiny: f32 ✓" in lines["gpt2"] and "unpinned" in lines["gpt2"]
     assert "a91318be21ae" in lines["smollm2-135m-instruct"]
     assert "planned: needs" in lines["whisper-tiny"]
-    assert "10 ready" in done.output and "15 planned" in done.output
+    assert "13 ready" in done.output and "12 planned" in done.output
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gpt2", "llama-3.1-8b-instruct"])

@@ -45,14 +45,22 @@ class UnknownEntry(LinnetError):
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Limits on the last-position logits against the reference, for one backend and dtype."""
+    """Limits against the reference, for one backend and dtype: on the last-position logits
+    (decoders), or on the pooled sentence embeddings (encoders: cosine instead of top-5)."""
 
     max_abs: float  # max |Δ|
     rel: float  # ‖Δ‖₂ / ‖ref‖₂
-    top5: int  # least overlap of the two top-5 sets
+    top5: int = 0  # least overlap of the two top-5 sets (decoders)
+    cosine: float = 0.0  # least cosine similarity of the two embeddings (encoders)
+
+    def as_dict(self) -> dict:
+        """The limits that apply: top5 for logits, cosine for embeddings (parity records)."""
+        last = {"cosine": self.cosine} if self.cosine else {"top5": self.top5}
+        return {"max_abs": self.max_abs, "rel": self.rel, **last}
 
     def text(self) -> str:
-        return f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}, top-5 ≥ {self.top5}/5"
+        last = f"cosine ≥ {self.cosine:g}" if self.cosine else f"top-5 ≥ {self.top5}/5"
+        return f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}, {last}"
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class Entry:
     own_tolerances: bool = False  # False: inherited from [defaults.tolerances]
     config: dict[str, Any] = field(default_factory=dict)
     needs: str = ""  # planned entries: what the compiler still lacks
+    kind: str = "decoder"  # or "encoder": prompts are sentences, parity is on embeddings
 
     @property
     def ready(self) -> bool:
@@ -138,6 +147,10 @@ class Registry:
     def ready(self) -> list[Entry]:
         return [e for e in self if e.ready]
 
+    def decoders(self) -> list[Entry]:
+        """The ready decoders: what the logits parity gate runs."""
+        return [e for e in self.ready() if e.kind == "decoder"]
+
     def planned(self) -> list[Entry]:
         return [e for e in self if not e.ready]
 
@@ -162,7 +175,11 @@ def _tolerances(table: dict, where: str) -> dict[str, dict[str, Tolerance]]:
     for backend, per_dtype in table.items():
         for dtype, spec in per_dtype.items():
             try:
-                tol = Tolerance(float(spec["max_abs"]), float(spec["rel"]), int(spec["top5"]))
+                limits = (float(spec["max_abs"]), float(spec["rel"]))
+                if "cosine" in spec:  # an encoder's embeddings
+                    tol = Tolerance(*limits, cosine=float(spec["cosine"]))
+                else:
+                    tol = Tolerance(*limits, top5=int(spec["top5"]))
             except (KeyError, TypeError, ValueError) as e:
                 raise LinnetError(f"{where}: tolerance {backend}/{dtype}: {e!r}") from e
             out.setdefault(backend, {})[dtype] = tol
@@ -205,7 +222,11 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
         if missing:
             raise LinnetError(f"{where}: missing {', '.join(missing)}")
         own = "tolerances" in spec
-        tols = {b: dict(d) for b, d in default_tols.items()}
+        kind = spec.get("kind", "decoder")
+        if kind not in ("decoder", "encoder"):
+            raise LinnetError(f"{where}: kind = {kind!r}: expected decoder or encoder")
+        inherited = default_tols if kind == "decoder" else {}  # the defaults are on logits
+        tols = {b: dict(d) for b, d in inherited.items()}
         for backend, per in _tolerances(spec.get("tolerances", {}), where).items():
             tols.setdefault(backend, {}).update(per)
         chat = bool(spec.get("chat", True))
@@ -228,6 +249,7 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
                 tolerances=tols,
                 own_tolerances=own,
                 config=dict(spec.get("config", {})),
+                kind=kind,
             )
         )
     for name, spec in data.get("planned", {}).items():

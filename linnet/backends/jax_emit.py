@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from linnet.backends.emit import Lines, emit_node
-from linnet.backends.torch_emit import Spell
+from linnet.backends.torch_emit import Spell, attention_operands
 from linnet.check.dims import Poly
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
@@ -141,10 +141,11 @@ def _rope(a, s, x, at=None):
     return f"{s.helper('rope')}({x}, {table}_cos, {table}_sin, {offset})"
 
 
-def _attention(a, s, q, k, v, q_positions=None):
+def _attention(a, s, q, k, v, *extra):
+    mask, q_positions = attention_operands(a, extra)
     offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
     args = [q, k, v, str(a["causal"]), offset, s.dim(a["window"] or 0), repr(a["scale"])]
-    return f"{s.helper('attention')}({', '.join(args)})"
+    return f"{s.helper('attention')}({', '.join(args + ([mask] if mask is not None else []))})"
 
 
 def _norm(kind):

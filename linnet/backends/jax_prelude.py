@@ -112,8 +112,9 @@ def _mask(q_offset, s, t, window):
     return allowed
 
 
-def attention_ref(q, k, v, causal, q_offset, window, scale):
-    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads."""
+def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
+    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
+    [B, T]: keys where it is 0 are padding, attended by no query."""
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
     q5 = q.reshape(b, kv, h // kv, s, d)  # (B, KV, G, S, D)
@@ -122,6 +123,8 @@ def attention_ref(q, k, v, causal, q_offset, window, scale):
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).astype(jnp.float32)
     if causal or window:
         scores = jnp.where(_mask(q_offset, s, t, window), scores, -jnp.inf)
+    if key_mask is not None:
+        scores = jnp.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -jnp.inf)
     probs = softmax_ref(scores, -1).astype(q.dtype)
     out = jnp.matmul(probs, v.reshape(b, kv, 1, t, d), precision=HIGHEST)
     return out.reshape(b, h, s, d)
@@ -195,10 +198,13 @@ def rope_fast(x, cos, sin, offset):
     return rope_ref(x, cos, sin, offset)
 
 
-def attention_fast(q, k, v, causal, q_offset, window, scale):
+def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     """jax.nn.dot_product_attention ([B, T, N, H] layout, GQA native); XLA picks the kernel."""
     s, t = q.shape[2], k.shape[2]
     mask = _mask(q_offset, s, t, window)[None, None] if causal or window else None
+    if key_mask is not None:  # (B, 1, 1, T) padding
+        keep = key_mask[:, None, None, :] != 0
+        mask = keep if mask is None else mask & keep
     out = jax.nn.dot_product_attention(
         jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=mask, scale=scale
     )

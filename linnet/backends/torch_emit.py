@@ -138,12 +138,18 @@ def _rope(a, s, x, at=None):
     return f"{fn}({x}, {table}_cos, {table}_sin, {offset})"
 
 
-def _attention(a, s, q, k, v, q_positions=None):
+def attention_operands(a, extra) -> tuple:
+    """(key mask, query positions) from the operands after q, k, v (either may be None)."""
+    mask, rest = (extra[0], extra[1:]) if a.get("masked") else (None, extra)
+    return mask, (rest[0] if rest else None)
+
+
+def _attention(a, s, q, k, v, *extra):
     fn = "attention_fast" if s.numerics == "fast" else "attention_ref"
+    mask, q_positions = attention_operands(a, extra)
     offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
-    return (
-        f"{fn}({q}, {k}, {v}, {a['causal']}, {offset}, {s.dim(a['window'] or 0)}, {a['scale']!r})"
-    )
+    args = [q, k, v, str(a["causal"]), offset, s.dim(a["window"] or 0), repr(a["scale"])]
+    return f"{fn}({', '.join(args + ([mask] if mask is not None else []))})"
 
 
 def _norm(kind):
@@ -236,8 +242,15 @@ EMITTERS = {
 }
 for _name in UNARY:
     EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"
+# torch.maximum and torch.minimum take no Python number: a scalar side becomes a 0-d tensor
+# (which adopts the other side's dtype and device)
+SCALAR_TENSORS = ("maximum", "minimum")
 for _name in BINARY + COMPARE + LOGICAL:
-    if _name in INFIX:
+    if _name in SCALAR_TENSORS:
+        EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: (
+            f"{_f}(torch.as_tensor({x}), torch.as_tensor({y}))"
+        )
+    elif _name in INFIX:
         EMITTERS[_name] = lambda a, s, x, y, _o=INFIX[_name]: f"{x} {_o} {y}"
     else:
         EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: f"{_f}({x}, {y})"

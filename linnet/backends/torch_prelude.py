@@ -71,6 +71,16 @@ def _positions(offset, seq, device):
     return torch.arange(offset, offset + seq, device=device)
 
 
+def _allowed(q_offset, s, t, window, device):
+    """[S, T] bool: key position <= query position (and inside the window)."""
+    qpos = _positions(q_offset, s, device)[:, None]
+    kpos = torch.arange(t, device=device)[None, :]
+    allowed = kpos <= qpos
+    if window:
+        allowed = allowed & (kpos > qpos - window)
+    return allowed
+
+
 def rope_ref(x, cos, sin, offset):
     """Half rotation of x [B, H, S, D] at positions offset..offset+S (or a positions tensor)."""
     seq, half = x.shape[2], x.shape[3] // 2
@@ -83,20 +93,18 @@ def rope_ref(x, cos, sin, offset):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-def attention_ref(q, k, v, causal, q_offset, window, scale):
-    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads."""
+def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
+    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
+    [B, T]: keys where it is 0 are padding, attended by no query."""
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
     q5 = q.reshape(b, kv, h // kv, s, d)
     scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
     if causal or window:
-        qpos = _positions(q_offset, s, q.device)[:, None]
-        kpos = torch.arange(t, device=q.device)[None, :]
-        allowed = kpos <= qpos
-        if window:
-            allowed = allowed & (kpos > qpos - window)
-        scores = torch.where(allowed, scores, -math.inf)
+        scores = torch.where(_allowed(q_offset, s, t, window, q.device), scores, -math.inf)
+    if key_mask is not None:
+        scores = torch.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -math.inf)
     probs = softmax_ref(scores, -1).to(q.dtype)
     return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
 
@@ -126,15 +134,15 @@ def rope_fast(x, cos, sin, offset):
     return rope_ref(x, cos, sin, offset)
 
 
-def attention_fast(q, k, v, causal, q_offset, window, scale):
+def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     s, t = q.shape[2], k.shape[2]
     static = isinstance(q_offset, torch.Tensor)  # keys cover the whole cache: mask them
-    if window or static or (causal and s > 1 and t != s):
-        qpos = _positions(q_offset, s, q.device)[:, None]
-        kpos = torch.arange(t, device=q.device)[None, :]
-        mask = kpos <= qpos
-        if window:
-            mask = mask & (kpos > qpos - window)
+    if window or static or (causal and s > 1 and t != s) or key_mask is not None:
+        mask = torch.ones(s, t, dtype=torch.bool, device=q.device)
+        if causal or window:
+            mask = _allowed(q_offset, s, t, window, q.device)
+        if key_mask is not None:  # (B, 1, 1, T) padding, broadcast over heads and queries
+            mask = mask & (key_mask[:, None, None, :] != 0)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     # decode of one token sees every cached key; a square prefill is plain causal
     return F.scaled_dot_product_attention(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from linnet.check.dims import Poly
 from linnet.ir.ops import norm_axis
 from linnet.ir.types import OpTypeError
@@ -141,17 +143,51 @@ def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, 
     ("q_offset", "int", Poly.const(0)),
     ("window", "int", Poly.const(0)),
     ("scale", "float", None),
-    doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none",
+    ("mask", "tensor?", None),
+    doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none; "
+    "mask: a key padding mask [B, T] (nonzero attends)",
 )
-def _attention(cx, q, k, v, causal, q_offset, window, scale):
-    return cx.add(
-        "attention",
-        [q, k, v],
-        causal=causal,
-        q_offset=q_offset,
-        window=_maybe_int(window),
-        scale=scale,
-    )
+def _attention(cx, q, k, v, causal, q_offset, window, scale, mask):
+    attrs = dict(causal=causal, q_offset=q_offset, window=_maybe_int(window), scale=scale)
+    if mask is None:  # no attr at all: unmasked graphs print as they always did
+        return cx.add("attention", [q, k, v], **attrs)
+    return cx.add("attention", [q, k, v, mask], masked=True, **attrs)
+
+
+@builtin("cumsum", ("x", "tensor"), doc="running sum along the last axis")
+def _cumsum(cx, x):
+    """out[..., s] = sum of x[..., t] for t <= s: x masked by a lower triangle, then summed
+    (S * S elements; exact for integers)."""
+    *lead, seq = x.type.shape
+    rows = cx.add("reshape", [_iota(cx, seq)], shape=(seq, Poly.const(1)))  # (S, 1)
+    cols = cx.add("reshape", [_iota(cx, seq)], shape=(Poly.const(1), seq))  # (1, S)
+    lower = cx.add("le", [cols, rows])  # (S, S): t <= s
+    zero = cx.add("const", [], value=np.asarray(0), dtype=x.type.dtype)
+    x = cx.add("reshape", [x], shape=(*lead, Poly.const(1), seq))  # (..., 1, S)
+    return cx.add("reduce_sum", [cx.add("where", [lower, x, zero])], axis=-1, keepdims=False)
+
+
+@builtin(
+    "mean_pool",
+    ("x", "tensor"),
+    ("mask", "tensor"),
+    doc="[B, S, D] averaged over the positions where mask [B, S] is nonzero -> [B, D]",
+)
+def _mean_pool(cx, x, mask):
+    if x.type.rank != 3 or mask.type.rank != 2 or mask.type.shape != x.type.shape[:2]:
+        raise OpTypeError("mean_pool needs x [B, S, D] and mask [B, S]", "[B, S, D], [B, S]",
+                          f"{x.type}, {mask.type}")  # fmt: skip
+    b, s, _ = x.type.shape
+    weight = cx.add("cast", [mask], dtype=x.type.dtype)
+    weight = cx.add("reshape", [weight], shape=(b, s, Poly.const(1)))  # (B, S, 1)
+    total = cx.add("reduce_sum", [cx.add("mul", [x, weight])], axis=1, keepdims=False)
+    count = cx.add("reduce_sum", [weight], axis=1, keepdims=False)  # (B, 1)
+    tiny = cx.add("const", [], value=np.asarray(1e-9), dtype=x.type.dtype)
+    return cx.add("div", [total, cx.add("maximum", [count, tiny])])  # as sentence-transformers
+
+
+def _iota(cx, n: Poly):
+    return cx.add("iota", [], length=n, start=Poly.const(0), dtype="i64")
 
 
 # -- vision --------------------------------------------------------------------------
@@ -245,7 +281,7 @@ def _cast(dtype: str):
     return body
 
 
-for _dtype in ("f32", "f16", "bf16"):
+for _dtype in ("f32", "f16", "bf16", "i64", "i32"):
     builtin(_dtype, ("x", "tensor"), doc=f"convert to {_dtype}")(_cast(_dtype))
 
 for _name in ("exp", "tanh", "sqrt", "rsqrt", "sigmoid", "neg", "abs"):

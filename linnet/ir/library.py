@@ -140,7 +140,11 @@ def rope(
     return b.add("concat", [out1, out2], axis=-1)
 
 
-def attention(b, q, k, v, q_positions=None, *, causal=True, q_offset=0, window=0, scale=None):
+def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None, masked=False):
+    """`extra`: the key padding mask when `masked`, then the query positions if given."""
+    key_mask = extra[0] if masked else None
+    q_positions = (extra[1:] if masked else extra) or (None,)
+    q_positions = q_positions[0]
     qt, kt = b.type_of(q), b.type_of(k)
     bsz, heads, seq, dim = qt.shape
     kv_heads, keys = kt.shape[1], kt.shape[2]
@@ -172,6 +176,10 @@ def attention(b, q, k, v, q_positions=None, *, causal=True, q_offset=0, window=0
             lo = b.add("sub", [qpos, b.add("const", [], value=np.asarray(window), dtype="i64")])
             allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, lo])])
         scores = b.add("where", [allowed, scores, _const(b, -math.inf, F32)])
+    if key_mask is not None:  # padding: no query attends to a masked key
+        keep = _nonzero(b, key_mask)
+        keep = b.add("reshape", [keep], shape=(bsz, one, one, one, keys))  # (B, 1, 1, 1, T)
+        scores = b.add("where", [keep, scores, _const(b, -math.inf, F32)])
     probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
     out = b.add("matmul", [probs, v5])  # (B, KV, G, S, D)
     return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
@@ -243,6 +251,14 @@ def batch_norm(b, x, w, bias, mean, var, *, eps):
     scale, shift = (b.add("reshape", [p], shape=channel) for p in (scale, shift))
     y = b.add("add", [b.add("mul", [b.add("cast", [x], dtype=F32), scale]), shift])
     return b.add("cast", [y], dtype=t.dtype)
+
+
+def _nonzero(b, x):
+    """A bool tensor: x itself when it is bool, else x != 0."""
+    dtype = b.type_of(x).dtype
+    if dtype == "bool":
+        return x
+    return b.add("ne", [x, b.add("const", [], value=np.asarray(0), dtype=dtype)])
 
 
 DECOMPOSITIONS = {

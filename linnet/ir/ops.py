@@ -365,12 +365,15 @@ def _rope(ins, attrs):
 @op(
     "attention",
     "library",
-    "softmax(q k^T * scale + mask) v with GQA, causal/window masks; an optional fourth "
+    "softmax(q k^T * scale + mask) v with GQA, causal/window masks; with attrs['masked'] "
+    "the next operand is a key padding mask [B, T] (nonzero: attend); an optional last "
     "operand gives the query positions as a tensor (instead of q_offset)",
-    arity=(3, 4),
+    arity=(3, 5),
 )
 def _attention(ins, attrs):
     q, k, v = ins[:3]
+    if attrs.get("masked"):
+        _key_mask(q, k, ins[3] if len(ins) > 3 else None)
     dtype = same_dtype(ins[:3], "attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.rank != 4:
@@ -471,3 +474,22 @@ def _batch_norm(ins, attrs):
                 "shape mismatch in batch_norm: params must match axis 1", f"[{x.shape[1]}]", str(p)
             )
     return x
+
+
+def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
+    """A key padding mask is [B, T]: one flag per key of each sequence."""
+    want = f"i64, i32 or bool [{q.shape[0]}, {k.shape[2] if k.rank == 4 else 'T'}]"
+    if mask is None:
+        raise OpTypeError("attention with masked=True needs a mask operand", want, "none")
+    if (
+        mask.rank != 2
+        or mask.dtype not in INT_DTYPES + ("bool",)
+        or k.rank != 4
+        or mask.shape != (q.shape[0], k.shape[2])
+    ):
+        raise OpTypeError(
+            "attention mask must be [batch, keys] of integers or bool",
+            want,
+            str(mask),
+            "a padding mask has one flag per key: 1 attends, 0 is padding",
+        )

@@ -9,6 +9,10 @@ the same manifest). The format:
 architecture = "LlamaForCausalLM"     # config.json `architectures[0]`
 source = "llama"                      # zoo/llama.linnet
 base = "llama.toml"                   # optional: inherit, then override (see below)
+base_prefix = "bert."                 # optional: the base's tensor names (and ignore
+                                      #   patterns) under this prefix, for a task model
+                                      #   that holds the base model (BertForMaskedLM);
+                                      #   hf_prefix defaults to it
 hf_prefix = "transformer."            # optional: HF base_model_prefix; tensors saved
                                       #   without it (from the bare base model) also match
 ignore = ["model.layers.{i}.self_attn.rotary_emb.inv_freq"]   # may be present, unused
@@ -95,7 +99,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1081,7 +1085,10 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
     source = data.get("source", base.source if base else None)
     if not isinstance(source, str):
         raise _fail(path, 'missing source = "..."')
-    prefix = data.get("hf_prefix", base.hf_prefix if base else "")
+    base_prefix = data.get("base_prefix", "")
+    if base_prefix and base is None:
+        raise _fail(path, "base_prefix needs a base")
+    prefix = data.get("hf_prefix", base_prefix or (base.hf_prefix if base else ""))
 
     if base is not None:
         names = set(fields) | set(const)
@@ -1096,15 +1103,10 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
         requirements = [r for r in base.require if r.name not in mine] + requirements
         claimed = {p for r in rules for p in r.params}
         inherited = [r for r in base.rules if not claimed & set(r.params)]
-        moved = data.get("base_prefix", "")  # the base's tensors sit under a prefix here
-        if moved:
-            inherited = [
-                Rule(moved + r.hf, r.params, r.transforms, r.split_axis, r.gguf) for r in inherited
-            ]
-            base_ignore = [moved + p for p in base.ignore]
-        else:
-            base_ignore = base.ignore
+        # a task model holds the base model under a prefix (BertForMaskedLM: `bert.`)
+        inherited = [replace(r, hf=base_prefix + r.hf) for r in inherited]
         rules = inherited + rules
+        base_ignore = [base_prefix + p for p in base.ignore]
         ignore = base_ignore + [p for p in ignore if p not in base_ignore]
 
     seen_params: dict[str, str] = {}
