@@ -4,8 +4,11 @@
 SmolLM2, Llama 3, Qwen2, GPT-2) as llama.cpp's "gpt2" vocab. The pre-tokenizer name is
 chosen by what `tokenizer.json` says its pre-tokenizer does (`PRE_TOKENIZERS`), not by
 hashing encodings of a test string; the tests check the result by behaviour (llama.cpp
-tokenizes prompts to the ids transformers gives). Merges, special-token ids, add-BOS/EOS
-flags and the chat template come from the gguf package's `SpecialVocab`.
+tokenizes prompts to the ids transformers gives). A sentencepiece-style BPE (byte
+fallback: Llama 2, TinyLlama, Mistral, Phi-3) becomes llama.cpp's "llama" vocab, with
+scores from the merge order (`spm_vocab`) and the ▁ prefix rule (`spm_space_prefix`).
+Merges, special-token ids, add-BOS/EOS flags and the chat template come from the gguf
+package's `SpecialVocab`.
 """
 
 from __future__ import annotations
@@ -120,9 +123,110 @@ def bpe_merges(tokenizer_json: Mapping) -> list[str]:
     return [f"{a.replace(' ', shift)} {b.replace(' ', shift)}" for a, b in merges]
 
 
+# ----------------------------------------------------------------------------------------
+# Sentencepiece-style BPE (Llama 2, TinyLlama, Mistral, Phi-3): llama.cpp's "llama" vocab
+
+SPACE = "\u2581"  # sentencepiece writes a space as ▁ inside tokens
+_PREPEND = {"type": "Prepend", "prepend": SPACE}
+_REPLACE = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def is_sentencepiece(tokenizer_json: Mapping) -> bool:
+    """BPE over ▁-spelled text that falls back to <0xXX> byte tokens (sentencepiece's BPE
+    as transformers converts it), rather than GPT-2's byte-level alphabet."""
+    model = tokenizer_json.get("model", {})
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
+
+
+def _steps(normalizer: Any) -> list:
+    if normalizer is None:
+        return []
+    if normalizer.get("type") == "Sequence":
+        return [s for n in normalizer.get("normalizers", []) for s in _steps(n)]
+    return [normalizer]
+
+
+def spm_space_prefix(tokenizer_json: Mapping, tokenizer_config: Mapping) -> bool:
+    """llama.cpp's add_space_prefix for this tokenizer. llama.cpp can only replace spaces
+    by ▁ and prepend one ▁ to each stretch of text; either form transformers writes does
+    that: the legacy normalizer (Prepend ▁, Replace " " -> ▁) or a Metaspace pre-tokenizer
+    that does not split. Anything else (Metaspace splitting at ▁, NFKC, lowercasing) would
+    be tokenized differently, so it is refused."""
+    steps = _steps(tokenizer_json.get("normalizer"))
+    pre = tokenizer_json.get("pre_tokenizer")
+    prefix = None
+    if pre is None and steps in ([_PREPEND, _REPLACE], [_REPLACE]):
+        prefix = steps[0] == _PREPEND
+    elif not steps and pre is not None and pre.get("type") == "Metaspace":
+        scheme = pre.get("prepend_scheme") or ("always" if pre.get("add_prefix_space") else "never")
+        if pre.get("replacement") == SPACE and not pre.get("split", True):
+            prefix = scheme != "never"
+    if prefix is None:
+        raise LinnetError(
+            "tokenizer.json: a sentencepiece-style tokenizer whose text preparation llama.cpp "
+            f"cannot do (normalizer {json.dumps(tokenizer_json.get('normalizer'))[:160]}, "
+            f"pre_tokenizer {json.dumps(pre)[:160]}); llama.cpp only replaces spaces by "
+            f"{SPACE} and prepends one (no Metaspace split, no other normalizer). Export "
+            "without the tokenizer (tokenizer=False, --no-tokenizer) to skip it"
+        )
+    # transformers' LlamaTokenizer lets tokenizer_config.json's flag decide (so does
+    # llama.cpp's converter).
+    flag = tokenizer_config.get("add_prefix_space")
+    return prefix if flag is None else bool(flag)
+
+
+def _merge_ranks(merges: list) -> dict[str, int]:
+    """Joined token -> rank of the first merge that makes it."""
+    ranks: dict[str, int] = {}
+    for rank, m in enumerate(merges):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        ranks.setdefault(a + b, rank)
+    return ranks
+
+
+def spm_vocab(
+    tokenizer_json: Mapping, tokenizer_config: Mapping, n_vocab: int
+) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types for llama.cpp's "llama" vocab.
+
+    llama.cpp, like sentencepiece, repeatedly joins the adjacent pair whose joined token
+    scores highest, so a token's score is minus the rank of the merge that makes it (the
+    order transformers applies merges in); tokens no merge makes score below every merge.
+    Types as `bpe_vocab`, plus BYTE for <0xXX> and UNKNOWN for the unk token."""
+    from gguf import TokenType
+
+    tokens, types = bpe_vocab(tokenizer_json, n_vocab)
+    model = tokenizer_json["model"]
+    ranks = _merge_ranks(model.get("merges") or [])
+    unk = model.get("unk_token") or tokenizer_config.get("unk_token")
+    unk = unk.get("content") if isinstance(unk, dict) else unk
+    added = {a["id"]: a for a in tokenizer_json.get("added_tokens", [])}
+    scores = [0.0] * n_vocab
+    for i, token in enumerate(tokens):
+        if token == unk:
+            types[i] = int(TokenType.UNKNOWN)
+        elif types[i] == TokenType.USER_DEFINED and added[i].get("normalized"):
+            tokens[i] = token.replace(SPACE, " ")  # matched in raw text by llama.cpp
+        elif types[i] == TokenType.NORMAL and _BYTE_TOKEN.fullmatch(token):
+            types[i] = int(TokenType.BYTE)
+        elif types[i] == TokenType.NORMAL:
+            scores[i] = -float(ranks.get(token, len(ranks)))
+    return tokens, scores, types
+
+
+# ----------------------------------------------------------------------------------------
+# Writing
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
     """Write the `tokenizer.ggml.*` keys and the chat template; returns the tokenizer model
-    written ("gpt2", or "none" when there is no tokenizer: llama.cpp then takes ids only)."""
+    written ("gpt2", "llama", or "none" when there is no tokenizer: llama.cpp then takes
+    ids only)."""
     import gguf
 
     tj_path = folder / "tokenizer.json" if folder is not None else None
@@ -130,32 +234,53 @@ def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:
         if folder is not None and (folder / "tokenizer.model").is_file():
             raise LinnetError(
                 f"{folder}: a sentencepiece tokenizer.model without tokenizer.json; GGUF "
-                "export reads tokenizer.json (export with --no-tokenizer to skip it)"
+                "export reads tokenizer.json (transformers writes one: AutoTokenizer."
+                "from_pretrained(folder).save_pretrained(folder)), or export with "
+                "--no-tokenizer to skip it"
             )
         writer.add_tokenizer_model("none")
         return "none"
-    tj = json.loads(tj_path.read_text(encoding="utf-8"))
+    tj = _read_json(tj_path)
+    if is_sentencepiece(tj):
+        kind, merges = "llama", []
+        config = _read_json(folder / "tokenizer_config.json")
+        tokens, scores, types = spm_vocab(tj, config, n_vocab)
+        writer.add_tokenizer_model(kind)
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_add_space_prefix(spm_space_prefix(tj, config))
+    else:
+        kind, merges = "gpt2", _byte_level_vocab(writer, tj, tj_path, n_vocab)
+    special = gguf.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
+    special.merges = merges
+    # Write both flags: llama.cpp's defaults (BOS on for "llama") need not be the model's.
+    special.add_special_token.setdefault("bos", False)
+    special.add_special_token.setdefault("eos", False)
+    special.add_to_gguf(writer, quiet=True)
+    return kind
+
+
+def _byte_level_vocab(writer, tj: Mapping, tj_path: Path, n_vocab: int) -> list[str]:
+    """Write a byte-level BPE vocabulary as llama.cpp's "gpt2"; returns its merges."""
     model = tj.get("model", {})
-    byte_level = model.get("type") == "BPE" and not model.get("byte_fallback")
-    if not byte_level or (tj.get("decoder") or {}).get("type") != "ByteLevel":
+    if model.get("type") != "BPE" or (tj.get("decoder") or {}).get("type") != "ByteLevel":
         raise LinnetError(
-            f"{tj_path}: GGUF export writes byte-level BPE tokenizers (GPT-2 style) so far; "
-            f"this one is {model.get('type')} (byte_fallback={model.get('byte_fallback')}). "
-            "Export with --no-tokenizer to skip it"
+            f"{tj_path}: GGUF export writes byte-level BPE (GPT-2 style) and sentencepiece-"
+            f"style BPE (byte_fallback) tokenizers; this one is {model.get('type')} "
+            f"(byte_fallback={model.get('byte_fallback')}, decoder "
+            f"{(tj.get('decoder') or {}).get('type')}). Export with --no-tokenizer to skip it"
         )
     tokens, types = bpe_vocab(tj, n_vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre_tokenizer_name(tj))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    special = gguf.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
-    special.merges = bpe_merges(tj)
-    if not special.merges:
+    merges = bpe_merges(tj)
+    if not merges:
         raise LinnetError(f"{tj_path}: a BPE tokenizer without merges")
-    special.add_special_token.setdefault("bos", False)
-    special.add_special_token.setdefault("eos", False)
-    special.add_to_gguf(writer, quiet=True)
-    return "gpt2"
+    return merges
 
 
 def copy_tokenizer(writer, gguf_path: Path) -> str:
