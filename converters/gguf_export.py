@@ -22,13 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_names import (
-    add_metadata,
-    add_tokenizer,
-    copy_tokenizer,
-    extra_rule,
-    metadata_values,
-)
+from linnet.converters.gguf_names import add_metadata, extra_rule, metadata_values
+from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 from linnet.converters.weights_io import (
     Group,
     Weights,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_names import config_from_metadata, extra_rule, special_token_ids
+from linnet.converters.gguf_names import config_from_metadata, extra_rule
+from linnet.converters.gguf_tokenizer import special_token_ids
 from linnet.converters.weights_io import (
     HF_NAMES,
     Group,

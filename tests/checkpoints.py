@@ -303,10 +303,17 @@ def _min_probe_gap(model, vocab_size: int) -> tuple[float, torch.Tensor]:
     return float(torch.stack(gaps).min()), seq
 
 
-def build_tiny(arch: str, variant: str = "base", out_dir: str | os.PathLike | None = None) -> Path:
+def build_tiny(
+    arch: str,
+    variant: str = "base",
+    out_dir: str | os.PathLike | None = None,
+    vocab_size: int | None = None,
+) -> Path:
     """Build the tiny random checkpoint ``TINY_CONFIGS[(arch, variant)]`` into
     ``out_dir / f"{arch}-{variant}"`` (default ``out_dir``: ``cache_root() / "tiny"``) and
     return that folder. Reuses a complete earlier build. ``arch`` may be an alias ("llama").
+    ``vocab_size`` overrides the config's (the folder name then ends in ``-v{vocab_size}``),
+    to sit beside a tokenizer of that size.
 
     The seed starts at a fixed value and moves on (deterministically) until the top-1/top-2
     logit gap is at least ``MIN_LOGIT_GAP`` at every position of ``probe_ids(vocab)`` and of
@@ -318,7 +325,7 @@ def build_tiny(arch: str, variant: str = "base", out_dir: str | os.PathLike | No
     if (arch, variant) not in TINY_CONFIGS:
         raise KeyError(f"no tiny config for {(arch, variant)}; known: {sorted(TINY_CONFIGS)}")
     out_dir = Path(out_dir) if out_dir is not None else cache_root() / "tiny"
-    target = out_dir / f"{arch}-{variant}"
+    target = out_dir / (f"{arch}-{variant}" + (f"-v{vocab_size}" if vocab_size else ""))
     marker = target / _MARKER
     if marker.is_file():
         return target
@@ -326,7 +333,7 @@ def build_tiny(arch: str, variant: str = "base", out_dir: str | os.PathLike | No
 
     t0 = time.perf_counter()
     config = _config_for(arch, variant)
-    vocab = config.vocab_size
+    config.vocab_size = vocab = vocab_size or config.vocab_size
     for attempt in range(_MAX_SEED_TRIES):
         seed = _BASE_SEED + attempt
         torch.manual_seed(seed)  # transformers' own init, overwritten below

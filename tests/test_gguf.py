@@ -239,7 +239,7 @@ def test_llama3_rope_freqs_without_linnet_keys_is_refused_if_unknown(tiny_gguf, 
 
 
 def test_pre_tokenizer_names():
-    from linnet.converters.gguf_names import GPT2_REGEX, LLAMA3_REGEX, pre_tokenizer_name
+    from linnet.converters.gguf_tokenizer import GPT2_REGEX, LLAMA3_REGEX, pre_tokenizer_name
 
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
     assert pre_tokenizer_name({"pre_tokenizer": byte_level}) == "gpt-2"
@@ -480,7 +480,7 @@ def test_bulk_metadata_packing_is_gguf_s(tmp_path):
     from gguf import GGUFValueType as T
     from gguf import GGUFWriter, SpecialVocab
     from linnet.converters.gguf_export import bulk_writer
-    from linnet.converters.gguf_names import bpe_merges
+    from linnet.converters.gguf_tokenizer import bpe_merges
 
     tokens = [f"tok{i}" for i in range(300)] + ["Ġa", "é", "<|im_end|>"]
     plain, bulk = GGUFWriter(None, "llama"), bulk_writer()(None, "llama")
