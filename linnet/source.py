@@ -13,6 +13,7 @@ from pathlib import Path
 
 from linnet.check.config import resolve_config
 from linnet.check.diagnostics import DiagnosticError
+from linnet.check.dims import Poly
 from linnet.check.elaborate import Elaborator, check_source
 from linnet.check.values import BlockInfo, Frame
 from linnet.errors import CheckpointError, SourceError
@@ -97,9 +98,11 @@ class Source:
         for name, node in tree.items():
             if isinstance(node, BlockInfo):
                 for i in range(node.count.value):
-                    self._collect(elab, node.members, f"{prefix}{name}.{i}.", layout)
+                    members = node.members_at(Poly.const(i))
+                    self._collect(elab, members, f"{prefix}{name}.{i}.", layout)
                 continue
-            cond = True if node.cond is None else elab.expr(node.cond, Frame(None)).value
+            own = getattr(node, "frame", None) or Frame(None)  # binds a block's `as` index
+            cond = True if node.cond is None else elab.expr(node.cond, own).value
             if node.alias is not None and cond:
                 layout.tied[prefix + name] = prefix + node.alias.id
             elif cond or node.alias is not None:  # an untied alias is a param of its own

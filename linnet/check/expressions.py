@@ -10,12 +10,14 @@ import numpy as np
 
 from linnet.check.dims import Poly
 from linnet.check.values import (
+    BlockInfo,
     BlockVal,
     BVal,
     DtypeVal,
     DVal,
     FVal,
     GroupVal,
+    ListVal,
     NoneVal,
     StateVal,
     StateView,
@@ -86,9 +88,10 @@ class Expressions:
     def param_value(self, decl: A.ParamDecl, dotted: str, frame):
         """A param as a tensor: none when its condition is false (lowering)."""
         optional = decl.cond is not None and decl.alias is None
+        own = getattr(decl, "frame", None)  # a member of `NAME[...] as i`: i is bound there
         if self.lowering:
             if decl.cond is not None:
-                cond = self.expr(decl.cond, frame).value
+                cond = self.expr(decl.cond, own or frame).value
                 if decl.alias is not None and cond:
                     prefix = dotted[: len(dotted) - len(decl.name)]
                     return self.lookup_param_path(prefix + decl.alias.id, frame)
@@ -97,15 +100,21 @@ class Expressions:
             if dotted not in self.graph.params:
                 self.graph.param(dotted, decl.resolved)
             return self.tval(self.graph.params[dotted])
+        if optional and own is not None:  # `if i > 0` on a block index may be known
+            known = self.expr(decl.cond, own).value
+            if known is not None:
+                return TVal(decl.resolved, decl.resolved) if known else NoneVal()
         narrowed = _unparse(decl.cond) in frame.true_conds if optional else False
         return TVal(decl.resolved, decl.resolved, optional and not narrowed)
 
     def lookup_param_path(self, dotted: str, frame):
-        node = self.param_tree
+        node, block = self.param_tree, None
         parts = dotted.split(".")
         for part in parts[:-1]:
-            if not part.isdigit():
-                node = node[part].members
+            if part.isdigit():
+                node = block.members_at(Poly.const(int(part)))
+            else:
+                block = node[part]
         return self.param_value(node[parts[-1]], dotted, frame)
 
     # -- expressions -----------------------------------------------------------------------
@@ -143,6 +152,8 @@ class Expressions:
             return self.call(e, frame)
         if isinstance(e, A.Tuple):
             return [self.expr(item, frame) for item in e.items]
+        if isinstance(e, A.ListLit):
+            return ListVal("", [self.expr(item, frame) for item in e.items])
         self.error(e.span, "slices are only allowed inside `[...]`", frame=frame)
 
     def unary(self, e: A.Unary, frame):
@@ -290,16 +301,17 @@ class Expressions:
                 describe(base),
                 frame=frame,
             )
-        decl = base.block.members.get(e.name)
+        members = base.block.members_at(base.index)
+        decl = members.get(e.name)
         if decl is None:
             self.error(
                 e.span,
                 f"block `{base.block.name}` has no param `{e.name}`",
-                hint="params: " + ", ".join(base.block.members),
+                hint="params: " + ", ".join(members),
                 frame=frame,
             )
-        if not isinstance(decl, A.ParamDecl):
-            self.error(e.span, "nested blocks are not supported here", frame=frame)
+        if isinstance(decl, BlockInfo):  # `st.rest`: a block nested in an indexed block
+            return BlockVal(decl)
         index = base.index.value if base.index.is_const else "{i}"
         return self.param_value(decl, f"{base.block.name}.{index}.{e.name}", frame)
 
@@ -308,6 +320,8 @@ class Expressions:
         base = self.expr(e.value, frame)
         if isinstance(base, BlockVal):
             return self.block_item(base, e, frame)
+        if isinstance(base, ListVal):
+            return self.list_item(base, e, frame)
         if isinstance(base, (StateVal, StateView)):
             return self.state_index(base, e, frame)
         x = self.tensor(base, e.value, frame)
@@ -321,6 +335,20 @@ class Expressions:
         i = self.dim_expr(e.items[0], frame, "a block index")
         self.check_bounds(i, base.block.count - 1, e.items[0].span, frame)
         return GroupVal(base.block, i)
+
+    def list_item(self, base: ListVal, e: A.Index, frame) -> DVal:
+        """`widths[s + 1]`: the index must be known (a number, or the index of a block
+        whose count is a number: such loops unroll when checking too)."""
+        k = self.dim_expr(e.items[0], frame, "a list index") if len(e.items) == 1 else None
+        if k is None or not k.is_const or not 0 <= k.value < len(base.items):
+            self.error(
+                e.span,
+                f"`{base.name}` is indexed by a known int in 0 .. {len(base.items) - 1}",
+                received=str(k) if k is not None else f"{len(e.items)} indices",
+                hint="loop over a block of a constant count (`stages[4] as s`) to index by `s`",
+                frame=frame,
+            )
+        return base.items[k.value]
 
     def index_items(self, items: list[A.Expr], t: TensorType, frame) -> list:
         """Each item as (start, stop, keep): a slice keeps its axis, an int drops it."""
@@ -428,6 +456,8 @@ def _unparse(e: A.Expr) -> str:
         return f"({_unparse(e.left)} {e.op} {_unparse(e.right)})"
     if isinstance(e, (A.Num, A.Str, A.Const)):
         return repr(e.value)
+    if isinstance(e, A.Index):
+        return f"{_unparse(e.value)}[{', '.join(map(_unparse, e.items))}]"
     return repr(e)
 
 
