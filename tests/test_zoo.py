@@ -22,6 +22,7 @@ vit-base-16-224 dinov2-base sam-vit-base siglip-base-16-224 whisper-tiny whisper
 sd-vae-ft-mse sdxl-base-unet""".split()
 DECODERS = DESIGN_NAMES[:10]
 ENCODERS = DESIGN_NAMES[11:14]
+VISION = ["resnet-18", "resnet-50", "vit-base-16-224", "dinov2-base"]
 REVISIONS_TSV = Path(__file__).resolve().parents[2] / "shared" / "research" / "hf-revisions.tsv"
 
 READY = registry().ready()
@@ -30,8 +31,10 @@ READY = registry().ready()
 def test_every_design_entry_is_listed_with_its_status():
     reg = registry()
     assert sorted(e.name for e in reg) == sorted(DESIGN_NAMES)
-    assert sorted(e.name for e in READY) == sorted(DECODERS + ENCODERS)
+    assert sorted(e.name for e in READY) == sorted(DECODERS + ENCODERS + VISION)
     assert sorted(e.name for e in reg.decoders()) == sorted(DECODERS)
+    assert sorted(e.name for e in reg.of_kind("encoder")) == sorted(ENCODERS)
+    assert sorted(e.name for e in reg.of_kind("vision")) == sorted(VISION)
     assert all(e.needs for e in reg.planned())
     assert reg.get("llama-3.1-8b-instruct").name == "llama-3.1-8b"
 
@@ -59,10 +62,13 @@ def test_ready_entry_fits_its_source_and_claims_the_right_size(entry):
     claimed = float(entry.params[:-1]) * {"M": 1e6, "B": 1e9}[entry.params[-1]]
     assert abs(count - claimed) / claimed < 0.03, f"{entry.name}: {count:,} params"
     assert getattr(transformers, entry.reference_class).__name__ == entry.reference_class
-    assert entry.prompts and entry.license and entry.backends == ("torch", "jax", "onnx")
-    if entry.kind == "encoder":  # limits on the embeddings, measured in f32
-        tol = entry.tolerance("torch", "f32")
-        assert tol.max_abs > 0 and tol.rel > 0 and 0.9999 <= tol.cosine < 1 and not tol.top5
+    assert entry.license and entry.backends == ("torch", "jax", "onnx")
+    assert bool(entry.prompts) == (entry.kind != "vision")  # vision: random pixels
+    if entry.kind != "decoder":  # measured in f32 on every backend
+        for backend in entry.backends:
+            tol = entry.tolerance(backend, "f32")
+            assert tol.max_abs > 0 and tol.rel > 0 and not tol.top5
+            assert 0.9999 <= tol.cosine < 1 if entry.kind == "encoder" else not tol.cosine
         return
     for dtype in ("f32", "bf16"):
         tol = entry.tolerance("torch", dtype)
@@ -114,6 +120,28 @@ def test_scaled_config_keeps_the_code_path(entry):
         assert bool(small.get("sliding_window")) == bool(big.get("sliding_window"))
 
 
+@pytest.mark.parametrize("entry", [e for e in READY if e.kind != "decoder"], ids=lambda e: e.name)
+def test_scaled_config_keeps_the_structure(entry):
+    """Encoders and vision: what decides the code path survives the scaling."""
+    small, big = scaled_config(entry), entry.config
+    assert small["architectures"] == [entry.architecture]
+    for key in ("layer_norm_eps", "type_vocab_size", "pad_token_id", "qkv_bias", "hidden_act",
+                "mlp_ratio", "layerscale_value", "layer_type", "use_swiglu_ffn",
+                "downsample_in_first_stage"):  # fmt: skip
+        if key in big:
+            assert small[key] == big[key], key
+    if "pad_token_id" in big:  # RoBERTa: positions count past the pad id
+        assert small["max_position_embeddings"] == 64 + big["pad_token_id"] + 1
+    if "image_size" in big:  # a 4 x 4 grid of patches
+        assert small["image_size"] == 4 * small["patch_size"]
+    if "hidden_sizes" in big:  # four stages; stage 0 projects iff the real one does
+        assert len(small["hidden_sizes"]) == len(small["depths"]) == 4
+        assert all(d >= min(2, b) for d, b in zip(small["depths"], big["depths"]))
+        real_shortcut = big["embedding_size"] != big["hidden_sizes"][0]
+        assert (small["embedding_size"] != small["hidden_sizes"][0]) == real_shortcut
+    assert ("num_labels" in small) == ("num_labels" in big)
+
+
 def test_unknown_names_suggest_close_ones():
     with pytest.raises(UnknownEntry, match="did you mean qwen3-8b"):
         registry().get("qwen3-8")
@@ -144,10 +172,15 @@ def test_zoo_list_shows_every_entry_its_status_and_parity(tmp_path):
     assert "real: bf16 ✕; tiny: f32 ✓" in lines["gpt2"] and "unpinned" in lines["gpt2"]
     assert "a91318be21ae" in lines["smollm2-135m-instruct"]
     assert "planned: needs" in lines["whisper-tiny"]
-    assert "13 ready" in done.output and "12 planned" in done.output
+    assert "17 ready" in done.output and "8 planned" in done.output
+    assert lines["resnet-50"].split()[1] == "vision" and lines["gpt2"].split()[1] == "decoder"
+    assert lines["all-minilm-l6-v2"].split()[1] == "encoder"
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gpt2", "llama-3.1-8b-instruct"])
+@pytest.mark.parametrize(
+    "name",
+    ["smollm2-135m-instruct", "gpt2", "llama-3.1-8b-instruct", "all-minilm-l6-v2", "resnet-18"],
+)
 def test_zoo_show(name):
     done = CliRunner().invoke(main, ["zoo", "show", name])
     assert done.exit_code == 0, done.output

@@ -36,6 +36,7 @@ SHAPE_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "tie_word_embeddings",
     "n_embd", "n_layer", "n_head", "n_positions",
+    "image_size", "patch_size", "hidden_sizes", "depths", "layer_type",
 )  # fmt: skip
 
 
@@ -46,7 +47,8 @@ class UnknownEntry(LinnetError):
 @dataclass(frozen=True)
 class Tolerance:
     """Limits against the reference, for one backend and dtype: on the last-position logits
-    (decoders), or on the pooled sentence embeddings (encoders: cosine instead of top-5)."""
+    (decoders: top-5), on the pooled sentence embeddings and hidden states (encoders:
+    cosine), or on every output of an image model (vision: max |Δ| and rel only)."""
 
     max_abs: float  # max |Δ|
     rel: float  # ‖Δ‖₂ / ‖ref‖₂
@@ -54,13 +56,15 @@ class Tolerance:
     cosine: float = 0.0  # least cosine similarity of the two embeddings (encoders)
 
     def as_dict(self) -> dict:
-        """The limits that apply: top5 for logits, cosine for embeddings (parity records)."""
-        last = {"cosine": self.cosine} if self.cosine else {"top5": self.top5}
+        """The limits that apply (parity records): top5 for logits, cosine for embeddings."""
+        last = {"cosine": self.cosine} if self.cosine else {"top5": self.top5} if self.top5 else {}
         return {"max_abs": self.max_abs, "rel": self.rel, **last}
 
     def text(self) -> str:
-        last = f"cosine ≥ {self.cosine:g}" if self.cosine else f"top-5 ≥ {self.top5}/5"
-        return f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}, {last}"
+        out = f"max|Δ| ≤ {self.max_abs:g}, rel ≤ {self.rel:g}"
+        if self.cosine:
+            return f"{out}, cosine ≥ {self.cosine:g}"
+        return f"{out}, top-5 ≥ {self.top5}/5" if self.top5 else out
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ class Entry:
     own_tolerances: bool = False  # False: inherited from [defaults.tolerances]
     config: dict[str, Any] = field(default_factory=dict)
     needs: str = ""  # planned entries: what the compiler still lacks
-    kind: str = "decoder"  # or "encoder": prompts are sentences, parity is on embeddings
+    kind: str = "decoder"  # "encoder": sentences, parity on embeddings; "vision": on images
 
     @property
     def ready(self) -> bool:
@@ -121,11 +125,16 @@ class Entry:
         return bool(stated) and all(hf_config.get(k) == self.config[k] for k in stated)
 
 
+KINDS = ("decoder", "encoder", "vision")
+
+
 class Registry:
-    def __init__(self, entries: list[Entry], default_tolerances=None):
+    def __init__(self, entries: list[Entry], default_tolerances=None, kind_defaults=None):
         self.entries = {e.name: e for e in entries}
         #: [defaults.tolerances]: for a checkpoint that is no entry.
         self.defaults = Entry("(no entry)", "", "", "", tolerances=default_tolerances or {})
+        #: kind -> the defaults for a checkpoint of that kind that is no entry
+        self.kind_defaults = {"decoder": self.defaults, **(kind_defaults or {})}
         self.aliases = {a: e.name for e in entries for a in e.aliases}
 
     def __iter__(self):
@@ -148,8 +157,11 @@ class Registry:
         return [e for e in self if e.ready]
 
     def decoders(self) -> list[Entry]:
-        """The ready decoders: what the logits parity gate runs."""
-        return [e for e in self.ready() if e.kind == "decoder"]
+        """The ready decoders (their gate is on logits)."""
+        return self.of_kind("decoder")
+
+    def of_kind(self, kind: str) -> list[Entry]:
+        return [e for e in self.ready() if e.kind == kind]
 
     def planned(self) -> list[Entry]:
         return [e for e in self if not e.ready]
@@ -170,16 +182,19 @@ def _read(path: Path) -> dict:
         raise LinnetError(f"{path}: cannot read the zoo registry: {e}") from e
 
 
-def _tolerances(table: dict, where: str) -> dict[str, dict[str, Tolerance]]:
+def _tolerances(table: dict, where: str, kind: str = "decoder") -> dict[str, dict[str, Tolerance]]:
+    """Each kind's limits: max_abs and rel, and top5 (decoders) or cosine (encoders)."""
     out: dict[str, dict[str, Tolerance]] = {}
     for backend, per_dtype in table.items():
         for dtype, spec in per_dtype.items():
             try:
                 limits = (float(spec["max_abs"]), float(spec["rel"]))
-                if "cosine" in spec:  # an encoder's embeddings
+                if kind == "encoder":  # the embeddings
                     tol = Tolerance(*limits, cosine=float(spec["cosine"]))
-                else:
+                elif kind == "decoder":
                     tol = Tolerance(*limits, top5=int(spec["top5"]))
+                else:
+                    tol = Tolerance(*limits)
             except (KeyError, TypeError, ValueError) as e:
                 raise LinnetError(f"{where}: tolerance {backend}/{dtype}: {e!r}") from e
             out.setdefault(backend, {})[dtype] = tol
@@ -210,11 +225,27 @@ def write_revision(repo: str, revision: str, path: Path = REVISIONS_FILE) -> Non
     path.write_text("".join(lines) + line, encoding="utf-8")
 
 
+def _kind_defaults(defaults: dict, where: Path) -> dict[str, dict]:
+    """kind -> its default tolerances: [defaults.tolerances] for decoders (on logits),
+    [defaults.KIND.tolerances] for the others."""
+    out = {"decoder": _tolerances(defaults.get("tolerances", {}), f"{where} [defaults]")}
+    for kind in KINDS[1:]:
+        table = defaults.get(kind, {}).get("tolerances", {})
+        out[kind] = _tolerances(table, f"{where} [defaults.{kind}]", kind)
+    return out
+
+
+def _default_prompts(defaults: dict, kind: str, chat: bool) -> list[str]:
+    if kind == "encoder":
+        return defaults.get("sentences", [])
+    return defaults.get("chat_prompts", []) if chat and kind == "decoder" else []
+
+
 def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE) -> Registry:
     data = _read(entries)
     pins = read_revisions(revisions)
     defaults = data.get("defaults", {})
-    default_tols = _tolerances(defaults.get("tolerances", {}), f"{entries} [defaults]")
+    kind_tols = _kind_defaults(defaults, entries)
     out: list[Entry] = []
     for name, spec in data.get("entries", {}).items():
         where = f"{entries} [entries.{name}]"
@@ -223,15 +254,14 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
             raise LinnetError(f"{where}: missing {', '.join(missing)}")
         own = "tolerances" in spec
         kind = spec.get("kind", "decoder")
-        if kind not in ("decoder", "encoder"):
-            raise LinnetError(f"{where}: kind = {kind!r}: expected decoder or encoder")
-        inherited = default_tols if kind == "decoder" else {}  # the defaults are on logits
-        tols = {b: dict(d) for b, d in inherited.items()}
-        for backend, per in _tolerances(spec.get("tolerances", {}), where).items():
+        if kind not in KINDS:
+            raise LinnetError(f"{where}: kind = {kind!r}: expected one of {', '.join(KINDS)}")
+        tols = {b: dict(d) for b, d in kind_tols[kind].items()}
+        for backend, per in _tolerances(spec.get("tolerances", {}), where, kind).items():
             tols.setdefault(backend, {}).update(per)
-        chat = bool(spec.get("chat", True))
-        prompts = spec.get("prompts") or (defaults.get("chat_prompts", []) if chat else [])
-        if not prompts:
+        chat = bool(spec.get("chat", kind == "decoder"))
+        prompts = spec.get("prompts") or _default_prompts(defaults, kind, chat)
+        if not prompts and kind != "vision":  # vision: random pixels, no prompts
             raise LinnetError(f"{where}: no parity prompts")
         out.append(
             Entry(
@@ -264,7 +294,11 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
                 needs=spec.get("needs", ""),
             )
         )
-    return Registry(out, default_tols)
+    kind_defaults = {
+        kind: Entry("(no entry)", "", "", "", tolerances=tols, kind=kind)
+        for kind, tols in kind_tols.items()
+    }
+    return Registry(out, kind_tols["decoder"], kind_defaults)
 
 
 @lru_cache(maxsize=1)

@@ -5,6 +5,12 @@ that differs from hidden / heads, tied head, rope type and its parameters, slidi
 norm eps) and shrinks the sizes: 2 layers, head_dim 16, vocab 256, 128 positions. A rope
 scaling's original context shrinks to 32 so that llama3's three frequency bands all occur;
 a sliding window shorter than the context becomes 8, shorter than a parity probe.
+
+Encoders (BERT, RoBERTa) keep their activation, eps, token types and pad id (RoBERTa's
+positions count past it); images (ViT, DINOv2) keep eps, qkv bias, mlp ratio, layer scale,
+a grid of 4 x 4 patches; ResNet keeps its layer type, four stages (widths / 16 of ResNet-50's
+and ResNet-18's first, at most 2 layers a stage: every stage has a first and, where the real
+one does, further layers) and whether stage 0 needs a projection shortcut.
 """
 
 from __future__ import annotations
@@ -18,7 +24,20 @@ MODEL_TYPES = {
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
     "GPT2LMHeadModel": "gpt2",
+    "BertModel": "bert",
+    "BertForMaskedLM": "bert",
+    "RobertaModel": "roberta",
+    "RobertaForMaskedLM": "roberta",
+    "ViTModel": "vit",
+    "ViTForImageClassification": "vit",
+    "Dinov2Model": "dinov2",
+    "ResNetModel": "resnet",
+    "ResNetForImageClassification": "resnet",
 }
+ENCODERS = ("BertModel", "BertForMaskedLM", "RobertaModel", "RobertaForMaskedLM")
+VITS = ("ViTModel", "ViTForImageClassification", "Dinov2Model")
+RESNETS = ("ResNetModel", "ResNetForImageClassification")
+LABELS = 5  # a classifier's classes
 WINDOWED = ("MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM")
 VOCAB = 256
 POSITIONS = 128
@@ -34,6 +53,11 @@ def scaled_config(entry) -> dict:
     arch = entry.architecture
     if arch not in MODEL_TYPES:
         raise ValueError(f"{entry.name}: no tiny config for {arch}")
+    if arch in ENCODERS + VITS + RESNETS:
+        small = _encoder(cfg) if arch in ENCODERS else _vit(cfg) if arch in VITS else _resnet(cfg)
+        if "num_labels" in cfg:
+            small["num_labels"] = LABELS
+        return {**small, "model_type": MODEL_TYPES[arch], "architectures": [arch]}
     if arch == "GPT2LMHeadModel":
         out = {
             "n_embd": 4 * HEAD_DIM,
@@ -88,3 +112,50 @@ def _decoder(cfg: dict, arch: str) -> dict:
     elif arch in WINDOWED:
         out["sliding_window"] = None  # their config classes default to a window otherwise
     return out
+
+
+def _encoder(cfg: dict) -> dict:
+    pad = cfg.get("pad_token_id", 0)
+    return {
+        "vocab_size": VOCAB,
+        "hidden_size": 4 * HEAD_DIM,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "intermediate_size": 8 * HEAD_DIM,
+        "max_position_embeddings": 64 + (pad + 1 if "pad_token_id" in cfg else 0),
+        "type_vocab_size": cfg.get("type_vocab_size", 2),
+        "layer_norm_eps": cfg.get("layer_norm_eps", 1e-12),
+        "hidden_act": cfg.get("hidden_act", "gelu"),
+        "pad_token_id": pad,
+    }
+
+
+def _vit(cfg: dict) -> dict:
+    patch = cfg.get("patch_size", 16) // 2  # ViT 8, DINOv2 7: a 4 x 4 grid
+    out = {
+        "hidden_size": 2 * HEAD_DIM,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 2,
+        "image_size": 4 * patch,
+        "patch_size": patch,
+    }
+    keep = ("layer_norm_eps", "qkv_bias", "hidden_act", "mlp_ratio", "layerscale_value")
+    keep += ("use_swiglu_ffn",)
+    out.update({k: cfg[k] for k in keep if k in cfg})
+    if "intermediate_size" in cfg:
+        out["intermediate_size"] = (
+            out["hidden_size"] * cfg["intermediate_size"] // cfg["hidden_size"]
+        )
+    return out
+
+
+def _resnet(cfg: dict) -> dict:
+    widths = cfg["hidden_sizes"]
+    scale = widths[0] // 16
+    keep = ("layer_type", "hidden_act", "downsample_in_first_stage")
+    return {
+        "embedding_size": cfg["embedding_size"] // scale,
+        "hidden_sizes": [w // scale for w in widths],
+        "depths": [min(d, 2) for d in cfg["depths"]],
+        **{k: cfg[k] for k in keep if k in cfg},
+    }

@@ -53,21 +53,21 @@ def zoo() -> None:
 @zoo.command("list")
 @click.option("--results", default=None, help="parity records folder (default results/parity)")
 def list_(results: str | None) -> None:
-    """A table of every entry: architecture, parameters, backends, revision, parity."""
+    """A table of every entry: kind, architecture, parameters, backends, revision, parity."""
     from linnet.parity import read_records
     from linnet.zoo.registry import registry
 
     records = read_records(results)
-    rows = [("name", "architecture", "params", "backends", "revision", "parity")]
+    rows = [("name", "kind", "architecture", "params", "backends", "revision", "parity")]
     reg = registry()
     for e in reg.ready():
         rev = e.revision[:12] if e.pinned else "unpinned"
         rows.append(
-            (e.name, e.architecture, e.params, ",".join(e.backends), rev,
+            (e.name, e.kind, e.architecture, e.params, ",".join(e.backends), rev,
              _parity_status(records, e.name))
         )  # fmt: skip
     for e in reg.planned():
-        rows.append((e.name, e.architecture, "", "-", "", f"planned: needs {e.needs}"))
+        rows.append((e.name, "-", e.architecture, "", "-", "", f"planned: needs {e.needs}"))
     click.echo(_table(rows))
     n_unpinned = sum(not e.pinned for e in reg.ready())
     click.echo(
@@ -86,6 +86,7 @@ def show(name: str) -> None:
     lines = [
         f"name          {e.name}" + (f" (alias {', '.join(e.aliases)})" if e.aliases else ""),
         f"status        {e.status}" + (f": needs {e.needs}" if e.needs else ""),
+        f"kind          {e.kind}" if e.ready else "",
         f"repo          {e.repo}",
         f"revision      {e.revision or 'unpinned (default branch; `linnet zoo lock` pins it)'}",
         f"architecture  {e.architecture}",
@@ -96,12 +97,18 @@ def show(name: str) -> None:
         lines += [
             f"source        zoo/{m.source}.linnet",
             f"weights map   weights_maps/{m.path.name} (with the config translation)",
-            "tokenizer     the repo's own (transformers AutoTokenizer"
-            + (", chat template)" if e.chat else ")"),
+            "tokenizer     "
+            + (
+                "none: pixels are preprocessed outside the model"
+                if e.kind == "vision"
+                else "the repo's own (transformers AutoTokenizer"
+                + (", chat template)" if e.chat else ")")
+            ),
             f"reference     {e.reference}",
             f"parameters    {e.params}",
             f"backends      {', '.join(e.backends)}",
-            "prompts       " + "\n              ".join(repr(p) for p in e.prompts),
+            "prompts       "
+            + ("\n              ".join(repr(p) for p in e.prompts) or "random pixels (images)"),
             "tolerances    "
             + ("" if e.own_tolerances else "(the registry's defaults) ")
             + "\n              ".join(
@@ -111,7 +118,7 @@ def show(name: str) -> None:
         if e.config:
             cfg = ", ".join(f"{k}={v}" for k, v in e.config.items())
             lines.append(f"config        {cfg}")
-    click.echo("\n".join(lines))
+    click.echo("\n".join(line for line in lines if line))
 
 
 @zoo.command()
