@@ -120,8 +120,9 @@ def build_resnet(path: Path, shape: dict, calibrate: int = 4, size: int = IMAGE_
 
 
 def kind_of(ckpt: Path) -> str:
-    model_type = json.loads((Path(ckpt) / "config.json").read_text())["model_type"]
-    return "image" if model_type == "resnet" else "text"
+    """ "image" for a vision config (it has `num_channels`), else "text"."""
+    config = json.loads((Path(ckpt) / "config.json").read_text())
+    return "image" if "num_channels" in config else "text"
 
 
 def make_inputs(ckpt: Path, batch: int, seq_len: int = SEQ_LEN) -> dict[str, np.ndarray]:
