@@ -487,6 +487,8 @@ def describe(kind: str) -> str:
 def print_table(report: dict) -> None:
     m = report["machine"]
     print(f"\n{m['cpu']}, {m['cpus']} cores, load average at start {m['load_average']}")
+    if m["load_average"][0] > 0.5 * m["cpus"]:
+        print("the machine was loaded when this run began: these figures are noisy")
     for model, rows in report["results"].items():
         for b in report["repeats"]:
             print(f"\n{model}  batch {b}")
