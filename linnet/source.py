@@ -13,8 +13,9 @@ from pathlib import Path
 
 from linnet.check.config import resolve_config
 from linnet.check.diagnostics import DiagnosticError
+from linnet.check.dims import Poly
 from linnet.check.elaborate import Elaborator, check_source
-from linnet.check.values import BlockInfo, Frame
+from linnet.check.values import BlockInfo, DVal, Frame
 from linnet.errors import CheckpointError, SourceError
 from linnet.ir.graph import Graph
 from linnet.ir.types import TensorType
@@ -93,13 +94,18 @@ class Source:
         self._collect(elab, elab.param_tree, "", layout)
         return layout
 
-    def _collect(self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout) -> None:
+    def _collect(
+        self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout, index=None
+    ) -> None:
+        """`index`: the enclosing block's index name and value (`layers[n] as i`)."""
+        frame = Frame(None, vars={index[0]: DVal(Poly.const(index[1]))} if index else {})
         for name, node in tree.items():
             if isinstance(node, BlockInfo):
                 for i in range(node.count.value):
-                    self._collect(elab, node.members, f"{prefix}{name}.{i}.", layout)
+                    at = (node.decl.index, i) if node.decl.index else None
+                    self._collect(elab, node.members, f"{prefix}{name}.{i}.", layout, at)
                 continue
-            cond = True if node.cond is None else elab.expr(node.cond, Frame(None)).value
+            cond = True if node.cond is None else elab.expr(node.cond, frame).value
             if node.alias is not None and cond:
                 layout.tied[prefix + name] = prefix + node.alias.id
             elif cond or node.alias is not None:  # an untied alias is a param of its own

@@ -71,10 +71,13 @@ def _positions(offset, seq, device):
     return torch.arange(offset, offset + seq, device=device)
 
 
-def _allowed(q_offset, s, t, window, device):
-    """[S, T] bool: key position <= query position (and inside the window)."""
+def _allowed(q_offset, s, t, window, device, causal=True):
+    """[S, T] bool: key position <= query position (and inside the window); without
+    `causal`, keys within window // 2 of the query on either side."""
     qpos = _positions(q_offset, s, device)[:, None]
     kpos = torch.arange(t, device=device)[None, :]
+    if not causal:
+        return (kpos - qpos).abs() <= window // 2
     allowed = kpos <= qpos
     if window:
         allowed = allowed & (kpos > qpos - window)
@@ -102,7 +105,8 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
     if causal or window:
-        scores = torch.where(_allowed(q_offset, s, t, window, q.device), scores, -math.inf)
+        allowed = _allowed(q_offset, s, t, window, q.device, causal)
+        scores = torch.where(allowed, scores, -math.inf)
     if key_mask is not None:
         scores = torch.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -math.inf)
     probs = softmax_ref(scores, -1).to(q.dtype)
@@ -140,7 +144,7 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     if window or static or (causal and s > 1 and t != s) or key_mask is not None:
         mask = torch.ones(s, t, dtype=torch.bool, device=q.device)
         if causal or window:
-            mask = _allowed(q_offset, s, t, window, q.device)
+            mask = _allowed(q_offset, s, t, window, q.device, causal)
         if key_mask is not None:  # (B, 1, 1, T) padding, broadcast over heads and queries
             mask = mask & (key_mask[:, None, None, :] != 0)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)

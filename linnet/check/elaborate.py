@@ -10,6 +10,8 @@ checker accepts is what lowering builds.
 
 from __future__ import annotations
 
+import copy
+
 from linnet.check import statements
 from linnet.check.diagnostics import Diagnostic, DiagnosticError
 from linnet.check.dims import Poly
@@ -159,7 +161,12 @@ class Elaborator(statements.Statements):
             if isinstance(d, A.ParamBlock):
                 count = self.dim_expr(d.count, frame, "a block count")
                 info = BlockInfo(prefix + d.name, d, count)
-                info.members = self._declare_params(d.body, "", frame)
+                inner = frame
+                if d.index is not None:  # conditions see the index: 0 <= i < count
+                    inner = copy.copy(frame)
+                    inner.vars = dict(frame.vars, **{d.index: DVal(Poly.atom(d.index))})
+                    inner.facts = frame.facts + [count - 1 - Poly.atom(d.index)]
+                info.members = self._declare_params(d.body, "", inner)
                 tree[d.name] = info
             else:
                 tree[d.name] = d

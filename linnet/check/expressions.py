@@ -6,6 +6,8 @@ op through the builder and turns an op-rule failure into a diagnostic.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from linnet.check.dims import Poly
@@ -83,9 +85,14 @@ class Expressions:
             return value
         return value
 
-    def param_value(self, decl: A.ParamDecl, dotted: str, frame):
-        """A param as a tensor: none when its condition is false (lowering)."""
+    def param_value(self, decl: A.ParamDecl, dotted: str, frame, group: GroupVal | None = None):
+        """A param as a tensor: none when its condition is false (lowering). `group`: the
+        repetition of a block the param belongs to (its index may appear in the condition)."""
         optional = decl.cond is not None and decl.alias is None
+        index_name = group.block.decl.index if group is not None else None
+        if index_name is not None:  # the condition reads the block's index: bind it
+            frame = copy.copy(frame)
+            frame.vars = dict(frame.vars, **{index_name: DVal(group.index)})
         if self.lowering:
             if decl.cond is not None:
                 cond = self.expr(decl.cond, frame).value
@@ -98,15 +105,20 @@ class Expressions:
                 self.graph.param(dotted, decl.resolved)
             return self.tval(self.graph.params[dotted])
         narrowed = _unparse(decl.cond) in frame.true_conds if optional else False
+        if index_name is not None and group.index != Poly.atom(index_name):
+            narrowed = False  # `if i > 0` narrows only when `i` is this repetition's index
         return TVal(decl.resolved, decl.resolved, optional and not narrowed)
 
     def lookup_param_path(self, dotted: str, frame):
-        node = self.param_tree
+        node, block, group = self.param_tree, None, None
         parts = dotted.split(".")
         for part in parts[:-1]:
-            if not part.isdigit():
-                node = node[part].members
-        return self.param_value(node[parts[-1]], dotted, frame)
+            if part.isdigit():
+                group = GroupVal(block, Poly.const(int(part)))
+            else:
+                block = node[part]
+                node = block.members
+        return self.param_value(node[parts[-1]], dotted, frame, group)
 
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e: A.Expr, frame):
@@ -301,7 +313,7 @@ class Expressions:
         if not isinstance(decl, A.ParamDecl):
             self.error(e.span, "nested blocks are not supported here", frame=frame)
         index = base.index.value if base.index.is_const else "{i}"
-        return self.param_value(decl, f"{base.block.name}.{index}.{e.name}", frame)
+        return self.param_value(decl, f"{base.block.name}.{index}.{e.name}", frame, base)
 
     # -- indexing ---------------------------------------------------------------------------
     def index(self, e: A.Index, frame):

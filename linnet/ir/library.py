@@ -171,10 +171,7 @@ def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None,
             [b.add("iota", [], length=keys, start=Poly.const(0), dtype="i64")],
             shape=(one, keys),
         )
-        allowed = b.add("le", [kpos, qpos])
-        if window:
-            lo = b.add("sub", [qpos, b.add("const", [], value=np.asarray(window), dtype="i64")])
-            allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, lo])])
+        allowed = _band(b, qpos, kpos, causal, window)
         scores = b.add("where", [allowed, scores, _const(b, -math.inf, F32)])
     if key_mask is not None:  # padding: no query attends to a masked key
         keep = _nonzero(b, key_mask)
@@ -183,6 +180,22 @@ def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None,
     probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
     out = b.add("matmul", [probs, v5])  # (B, KV, G, S, D)
     return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
+
+
+def _band(b, qpos, kpos, causal, window):
+    """Keys each query may see: causal, k <= q and (window) k > q - window; bidirectional
+    (window only), |q - k| <= window // 2 (ModernBERT's local attention)."""
+
+    def shifted(op, by):
+        return b.add(op, [qpos, b.add("const", [], value=np.asarray(by), dtype="i64")])
+
+    if not causal:
+        lo, hi = shifted("sub", window // 2), shifted("add", window // 2)
+        return b.add("logical_and", [b.add("ge", [kpos, lo]), b.add("le", [kpos, hi])])
+    allowed = b.add("le", [kpos, qpos])
+    if window:
+        allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, shifted("sub", window)])])
+    return allowed
 
 
 def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: float):

@@ -166,6 +166,7 @@ class ParamBlock:
     name: str
     count: Expr
     body: list[ParamDecl | ParamBlock]
+    index: str | None = None  # `layers[n_layers] as i`: conditions of its params may use i
 
 
 @dataclass

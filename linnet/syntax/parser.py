@@ -185,8 +185,13 @@ class Parser:
                 self.advance()
                 count = self.expr()
                 self.expect("]")
+                index = None
+                if self.tok.kind == "name" and self.tok.text == "as":  # a soft keyword
+                    self.advance()
+                    index = self.name("the block's index name after `as`").text
                 self.newline()
-                out.append(A.ParamBlock(self.span(start), start.text, count, self.param_body()))
+                body = self.param_body()
+                out.append(A.ParamBlock(self.span(start), start.text, count, body, index))
                 continue
             names = [start]
             while self.at(","):
