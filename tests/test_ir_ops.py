@@ -751,7 +751,7 @@ def test_bidirectional_window_with_a_key_mask_in_both_preludes():
     from linnet.backends import jax_prelude, torch_prelude
 
     q, k, v = qkv(3, 4, 2, 9, 9, 8, seed=70)
-    mask = padding_mask([9, 6, 1], 9)
+    mask = padding_mask([9, 8, 7], 9)  # every query keeps a key (see the test below)
     attrs = dict(causal=False, q_offset=0, window=4, masked=True)
     want = run_op("attention", [q, k, v, mask], **attrs)
     allowed = mask.bool()[:, None, None, :] & visible(9, 9, 0, False, 4)
@@ -763,6 +763,26 @@ def test_bidirectional_window_with_a_key_mask_in_both_preludes():
     for fn in (jax_prelude.attention_ref, jax_prelude.attention_fast):
         got = torch.from_numpy(np.array(fn(*j[:3], False, 0, 4, None, j[3])))
         assert_matches(got, want, f"jax {fn.__name__} bidirectional window", atol=1e-5)
+
+
+def test_a_query_with_every_key_masked_gets_zeros_not_nan():
+    """A pad query whose local window holds only padding: zeros in the decomposition and
+    every helper (NaN there would reach real rows through the next layer: 0 * NaN)."""
+    import jax.numpy as jnp
+
+    from linnet.backends import jax_prelude, torch_prelude
+
+    q, k, v = qkv(2, 2, 2, 8, 8, 4, seed=80)
+    mask = padding_mask([8, 1], 8)  # row 1, query 7: window ±1 holds keys 6, 7 (padding)
+    want = run_op("attention", [q, k, v, mask], causal=False, q_offset=0, window=2, masked=True)
+    assert torch.isfinite(want).all() and torch.equal(want[1, :, 7], torch.zeros(2, 4))
+    for fn in (torch_prelude.attention_ref, torch_prelude.attention_fast):
+        assert_f32(fn(q, k, v, False, 0, 2, None, mask), want, f"torch {fn.__name__}")
+    j = [jnp.asarray(t.numpy()) for t in (q, k, v, mask)]
+    got = torch.from_numpy(np.array(jax_prelude.attention_ref(*j[:3], False, 0, 2, None, j[3])))
+    assert_matches(got, want, "jax attention_ref fully masked row", atol=1e-5)
+    fast = np.array(jax_prelude.attention_fast(*j[:3], False, 0, 2, None, j[3]))
+    assert np.isfinite(fast).all()  # XLA fills with the lowest float: finite, not zero
 
 
 def test_cumsum_and_mean_pool_builtins():

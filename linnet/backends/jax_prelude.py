@@ -115,6 +115,13 @@ def _mask(q_offset, s, t, window, causal=True):
     return allowed
 
 
+def _softmax_or_zero(x):
+    """Softmax over the last axis of f32 x; a row with every key masked gives zeros."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(x - jnp.where(top == -jnp.inf, 0.0, top))
+    return e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
+
+
 def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
     [B, T]: keys where it is 0 are padding, attended by no query."""
@@ -128,7 +135,9 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
         scores = jnp.where(_mask(q_offset, s, t, window, causal), scores, -jnp.inf)
     if key_mask is not None:
         scores = jnp.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -jnp.inf)
-    probs = softmax_ref(scores, -1).astype(q.dtype)
+        probs = _softmax_or_zero(scores).astype(q.dtype)
+    else:
+        probs = softmax_ref(scores, -1).astype(q.dtype)
     out = jnp.matmul(probs, v.reshape(b, kv, 1, t, d), precision=HIGHEST)
     return out.reshape(b, h, s, d)
 

@@ -96,6 +96,13 @@ def rope_ref(x, cos, sin, offset):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+def _softmax_or_zero(x):
+    """Softmax over the last axis of f32 x; a row with every key masked gives zeros."""
+    top = x.amax(-1, keepdim=True)
+    e = torch.exp(x - torch.where(top == -math.inf, 0.0, top))
+    return e / e.sum(-1, keepdim=True).clamp(min=1e-30)
+
+
 def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
     [B, T]: keys where it is 0 are padding, attended by no query."""
@@ -109,7 +116,9 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
         scores = torch.where(allowed, scores, -math.inf)
     if key_mask is not None:
         scores = torch.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -math.inf)
-    probs = softmax_ref(scores, -1).to(q.dtype)
+        probs = _softmax_or_zero(scores).to(q.dtype)
+    else:
+        probs = softmax_ref(scores, -1).to(q.dtype)
     return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
 
 
