@@ -803,7 +803,7 @@ def _init_encoder(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g)
-        if "LayerNorm.weight" in name:
+        if "LayerNorm.weight" in name or name.endswith("norm.weight"):  # BERT, ModernBERT
             p.copy_(1 + _NORM_JITTER * noise)
         elif name.endswith("bias"):
             p.copy_(_BIAS_STD * noise)
@@ -905,20 +905,6 @@ TINY_MODERNBERT_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-@torch.no_grad()
-def _init_modernbert(model, seed: int) -> None:
-    """As `_init_encoder`, for ModernBERT's names (`*norm.weight`)."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=g)
-        if name.endswith("norm.weight"):
-            p.copy_(1 + _NORM_JITTER * noise)
-        elif name.endswith("bias"):
-            p.copy_(_BIAS_STD * noise)
-        else:
-            p.copy_(0.2 * noise)
-
-
 def build_tiny_modernbert(variant: str, out_dir: str | os.PathLike, masked_lm: bool = False):
     """``TINY_MODERNBERT_CONFIGS[variant]`` as an f32 ModernBertModel checkpoint (or
     ModernBertForMaskedLM with `masked_lm`) in ``out_dir``; reuses an earlier build."""
@@ -933,7 +919,7 @@ def build_tiny_modernbert(variant: str, out_dir: str | os.PathLike, masked_lm: b
     torch.manual_seed(_BASE_SEED)
     auto = AutoModelForMaskedLM if masked_lm else AutoModel
     model = auto.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    _init_modernbert(model, _BASE_SEED)
+    _init_encoder(model, _BASE_SEED)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=out_dir))
     model.save_pretrained(tmp)
     os.rename(tmp, target)
