@@ -60,10 +60,25 @@ def parse_size(size: int | str) -> int:
 
 @dataclass
 class Entry:
-    group: Group
+    group: Group | None
     name: str
     shape: tuple[int, ...]
     nbytes: int
+    data: np.ndarray | None = None  # a manifest buffer (num_batches_tracked), written as is
+    st_dtype: str = ""  # its safetensors dtype
+
+
+_BUFFER_NP = {"i64": np.dtype("<i8")}
+_BUFFER_ST = {"i64": "I64"}
+
+
+def buffer_entries(weights: Weights, hf_name: str) -> list[Entry]:
+    """The manifest's buffers beside tensor `hf_name` (scalars of their declared value)."""
+    out = []
+    for name, b in weights.manifest.buffers_beside(hf_name):
+        data = np.array(b.value, dtype=_BUFFER_NP[b.dtype])
+        out.append(Entry(None, name, (), data.nbytes, data, _BUFFER_ST[b.dtype]))
+    return out
 
 
 def plan_shards(weights: Weights, dtype: str, max_bytes: int) -> list[list[Entry]]:
@@ -80,6 +95,9 @@ def plan_shards(weights: Weights, dtype: str, max_bytes: int) -> list[list[Entry
             used = 0
         shards[-1].append(Entry(g, g.hf_name, shape, nbytes))
         used += nbytes
+        for e in buffer_entries(weights, g.hf_name):
+            shards[-1].append(e)
+            used += e.nbytes
     return shards
 
 
@@ -88,7 +106,7 @@ def _header(entries: list[Entry], dtype: str) -> bytes:
     offset = 0
     for e in entries:
         header[e.name] = {
-            "dtype": ST_NAMES[dtype],
+            "dtype": e.st_dtype or ST_NAMES[dtype],
             "shape": list(e.shape),
             "data_offsets": [offset, offset + e.nbytes],
         }
@@ -113,6 +131,9 @@ def write_shard(path: Path, weights: Weights, entries: list[Entry], dtype: str, 
 
         for e in entries:
             g = e.group
+            if e.data is not None:
+                write(e.data.tobytes())
+                continue
             if g.source is not None and tuple(g.source.shape) == e.shape:
                 write_converted(g.source, dtype, write)
                 continue

@@ -18,14 +18,13 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 from linnet.converters.weights_io import (
     TOKENIZER_DIRS,
     TOKENIZER_FILES,
     Weights,
-    cast,
     normalize_dtype,
+    write_converted,
 )
 from onnx import TensorProto
 
@@ -54,7 +53,7 @@ def export_onnx(
     config = export_config(weights, dtype, max_positions)
     source = weights.source
     layout = source.params(config)
-    entries = {e: prepare(source, config, e) for e in source.entries}  # fail before writing
+    entries = {e: prepare(source, config, e) for e in source.entries_for(config)}  # first
     with atomic_path(out_dir, is_dir=True, overwrite=overwrite) as tmp:
         initializers = write_data(weights, tmp / DATA, dtype, progress, out_dir.name)
         for name, entry in entries.items():
@@ -94,11 +93,11 @@ def write_data(weights: Weights, path: Path, dtype: str, progress: bool, desc: s
     ):
         for group in weights.groups:
             for name, array in zip(group.params, weights.read(group)):
-                data = np.ascontiguousarray(cast(np.asarray(array), dtype))
                 offset = _pad_to(f, ALIGN)
-                f.write(memoryview(data).cast("B"))
-                initializers.append(_external(name, data.shape, dtype, offset, data.nbytes))
-                bar.update(data.size)
+                write_converted(array, dtype, f.write)  # in blocks: no whole-tensor copy
+                length = f.tell() - offset
+                initializers.append(_external(name, array.shape, dtype, offset, length))
+                bar.update(array.size)
     return initializers
 
 

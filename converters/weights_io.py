@@ -385,7 +385,7 @@ def from_folder(path: str | Path) -> Weights:
     for row in plan.rows:
         if not row.loads:
             continue
-        rule, bindings = manifest.match(row.hf)
+        rule, bindings = manifest.match(row.hf, plan.params)
         dtype = ST_DTYPES[row.dtype]
         dtypes.add(dtype)
         shapes = tuple(plan.params[p] for p in row.params)

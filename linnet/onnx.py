@@ -21,8 +21,10 @@ import numpy as np
 
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.generation import Generation, check_ids
+from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
 
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32}
+NUMPY_DTYPES["bool"] = np.bool_
 
 
 def export(
@@ -88,48 +90,72 @@ def load(path: str | Path, *, providers=None, threads: int | None = None) -> Onn
     return OnnxModel(signature, sessions)
 
 
-class OnnxModel(Generation):
+class OnnxModel:
+    """An export's entries on onnxruntime. `OnnxModel(...)` gives `OnnxDecoder` for an
+    export with `decode`, `OnnxEncoder` for one with `embed` (as `linnet.torch` does)."""
+
+    def __new__(cls, signature: dict, *args, **kwargs):
+        if cls is OnnxModel:
+            if "decode" in signature["entries"]:
+                cls = OnnxDecoder
+            elif "embed" in signature["entries"]:
+                cls = OnnxEncoder
+        return super().__new__(cls)
+
     def __init__(self, signature: dict, sessions: dict) -> None:
         self.signature = signature
         self.config = signature["config"]
         self.sessions = sessions
         self.state: dict = {}  # state part -> onnxruntime OrtValue
         self._buffers: dict[str, np.ndarray] = {}
-        self.position = 0
 
     @property
-    def max_positions(self) -> int:
-        return self.config["max_positions"]
+    def entries(self) -> list[str]:
+        return list(self.signature["entries"])
 
     # -- entries -----------------------------------------------------------------------
-    def forward(self, ids) -> np.ndarray:
-        """Logits of every position, [B, S, V] (no cache involved)."""
-        return self._run("forward", {"tokens": self._ids(ids)}, {})
+    def run(self, entry: str, *inputs, **dims) -> np.ndarray:
+        """Run one entry: its inputs in the source's order (None where a default exists),
+        its runtime dims (`at=...`) by keyword."""
+        if entry not in self.signature["entries"]:
+            raise LinnetError(
+                f"this export has no entry `{entry}` (entries: {', '.join(self.entries)})"
+            )
+        return self._run(entry, self._inputs(entry, list(inputs)), dims)
+
+    def forward(self, *inputs) -> np.ndarray:
+        """The `forward` entry (decoders: logits of every position, [B, S, V])."""
+        return self.run("forward", *inputs)
 
     __call__ = forward
 
-    def decode(self, ids, pos: int) -> np.ndarray:
-        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
-        return self._decode(self._ids(ids), int(pos))
-
-    def _decode(self, ids: np.ndarray, pos: int) -> np.ndarray:
-        self._ensure_state(ids.shape[0], pos)
-        out = self._run("decode", {"tokens": ids}, {"at": pos})
-        self.position = pos + ids.shape[1]
-        return out
-
-    def reset(self) -> None:
-        self.state, self._buffers = {}, {}
-        self.position = 0
-
     # -- helpers -------------------------------------------------------------------------
+    def _inputs(self, entry: str, given: list) -> dict[str, np.ndarray]:
+        declared = self.signature["entries"][entry]["inputs"]
+        if len(given) > len(declared):
+            raise LinnetError(f"`{entry}` takes {len(declared)} inputs ({', '.join(declared)})")
+        given += [None] * (len(declared) - len(given))
+        feeds: dict[str, np.ndarray] = {}
+        for (name, spec), x in zip(declared.items(), given):
+            if x is None:
+                x = default_input(name, list(feeds.values()))
+            feeds[name] = self._convert(name, spec, x)
+        return feeds
+
+    def _convert(self, name: str, spec: dict, x) -> np.ndarray:
+        if name in TOKEN_INPUTS:
+            return check_ids(x, self.config.get("vocab")).astype(NUMPY_DTYPES[spec["dtype"]])
+        x = np.asarray(x)
+        if spec["dtype"] in ("i64", "i32") and not np.issubdtype(x.dtype, np.integer):
+            if x.dtype != np.bool_:
+                raise LinnetError(f"`{name}` must hold integers, got {x.dtype}")
+        return np.ascontiguousarray(x, dtype=NUMPY_DTYPES[spec["dtype"]])
+
     def _run(self, name: str, feeds: dict, dim_values: dict) -> np.ndarray:
         """One call through an IO binding: the cache stays in onnxruntime's buffers, and a
         part the graph writes in place (`inplace` in linnet.json) is bound as its own
         output, so a decode step copies no cache."""
-        entry = self.signature["entries"].get(name)
-        if entry is None:
-            raise LinnetError(f"this export has no `{name}` entry")
+        entry = self.signature["entries"][name]
         dims = self._bind_dims(entry, feeds, dim_values)
         _check_guards(entry["guards"], dims)
         io = self.sessions[name].io_binding()
@@ -157,10 +183,65 @@ class OnnxModel(Generation):
     def _bind_dims(entry: dict, feeds: dict, dim_values: dict) -> dict:
         dims = {atom: int(dim_values[arg]) for arg, atom in entry["dims"].items()}
         for name, spec in entry["inputs"].items():
-            for terms, size in zip(spec["shape"], feeds[name].shape):
+            shape = feeds[name].shape
+            if len(shape) != len(spec["shape"]):
+                raise LinnetError(
+                    f"`{name}` must have rank {len(spec['shape'])}, got shape {tuple(shape)}"
+                )
+            for terms, size in zip(spec["shape"], shape):
                 if len(terms) == 1 and terms[0][0] == 1 and len(terms[0][1]) == 1:
                     dims.setdefault(terms[0][1][0], int(size))
+                elif poly_eval(terms, dims) != size:
+                    want = [poly_text(t) for t in spec["shape"]]
+                    raise LinnetError(
+                        f"`{name}` must be {spec['dtype']}[{', '.join(want)}], "
+                        f"got shape {tuple(shape)}"
+                    )
         return dims
+
+
+def default_input(name: str, given: list) -> np.ndarray:
+    """A padding mask left out: all ones (every position valid), like the ids before it."""
+    if name in MASK_INPUTS and given:
+        return np.ones(given[0].shape[:2], dtype=np.int64)
+    raise LinnetError(f"input `{name}` is required")
+
+
+class OnnxEncoder(OnnxModel):
+    """An export with an `embed` entry: one vector per sequence."""
+
+    def embed(self, ids, attention_mask=None, normalize: bool = False) -> np.ndarray:
+        """Pooled embeddings [B, H]; `normalize`: scaled to unit L2 norm."""
+        out = self.run("embed", ids, attention_mask)
+        if not normalize:
+            return out
+        return out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+
+
+class OnnxDecoder(Generation, OnnxModel):
+    """An export with a `decode` entry: the KV cache lives in onnxruntime's buffers."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    def decode(self, ids, pos: int) -> np.ndarray:
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids: np.ndarray, pos: int) -> np.ndarray:
+        self._ensure_state(ids.shape[0], pos)
+        out = self._run("decode", {"tokens": ids}, {"at": pos})
+        self.position = pos + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state, self._buffers = {}, {}
+        self.position = 0
 
     def _ids(self, ids) -> np.ndarray:
         return check_ids(ids, self.config.get("vocab"))
@@ -201,6 +282,11 @@ def _check_guards(guards: list, dims: dict) -> None:
             raise RuntimeGuardError(
                 f"{where}{g['message']} failed: {g['lhs_text']} = {lhs} > {g['rhs_text']} = {rhs}"
             )
+
+
+def poly_text(terms: list) -> str:
+    parts = [" * ".join([str(c)] * (c != 1 or not atoms) + atoms) for c, atoms in terms]
+    return " + ".join(parts) or "0"
 
 
 def poly_eval(terms: list, dims: dict[str, int]) -> int:

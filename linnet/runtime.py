@@ -18,6 +18,7 @@ import torch
 from linnet.backends.interp import TORCH_DTYPES
 from linnet.backends.torch_runners import make_runner
 from linnet.errors import LinnetError
+from linnet.generation import Generation
 from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
 from linnet.ir.types import INT_DTYPES
 from linnet.source import Source
@@ -130,7 +131,7 @@ class EncoderModel(TorchModel):
         return torch.nn.functional.normalize(out, p=2.0, dim=-1) if normalize else out
 
 
-class DecoderModel(TorchModel):
+class DecoderModel(Generation, TorchModel):
     """A source with a `decode` entry: a static KV cache, decode steps and generation."""
 
     def __init__(self, *args, **kwargs):
@@ -156,37 +157,12 @@ class DecoderModel(TorchModel):
         self.state = {}
         self.position = 0
 
-    def generate(
-        self,
-        ids: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        eos_token_id=None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-        on_token=None,
-    ) -> torch.Tensor:
-        """Prompt plus up to `max_new_tokens` tokens, [B, S + n]; greedy by default."""
-        ids = self._ids(ids)
-        self.reset()
-        eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
-        logits = self.decode(ids, 0)
-        out = [ids]
-        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        for step in range(max_new_tokens):
-            token = _pick(logits, do_sample, temperature, top_k, generator)
-            out.append(token[:, None])
-            if on_token is not None:
-                on_token(token)
-            if eos:
-                done |= torch.isin(token, torch.tensor(sorted(eos), device=token.device))
-                if bool(done.all()):
-                    break
-            if step + 1 < max_new_tokens:
-                logits = self._decode(token[:, None], self.position)  # ids known valid
-        return torch.cat(out, dim=1)
+    def _sampler(self, do_sample, temperature, top_k, generator=None):
+        return lambda logits: _pick(logits, do_sample, temperature, top_k, generator)
+
+    @staticmethod
+    def _concat(parts) -> torch.Tensor:
+        return torch.cat(parts, dim=1)
 
     def _ensure_state(self, batch: int, pos: int) -> None:
         for name, t in self.runner.state_types.items():

@@ -15,7 +15,7 @@ from linnet.check.config import resolve_config
 from linnet.check.diagnostics import DiagnosticError
 from linnet.check.dims import Poly
 from linnet.check.elaborate import Elaborator, check_source
-from linnet.check.values import BlockInfo, DVal, Frame
+from linnet.check.values import BlockInfo, Frame
 from linnet.errors import CheckpointError, SourceError
 from linnet.ir.graph import Graph
 from linnet.ir.types import TensorType
@@ -94,18 +94,15 @@ class Source:
         self._collect(elab, elab.param_tree, "", layout)
         return layout
 
-    def _collect(
-        self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout, index=None
-    ) -> None:
-        """`index`: the enclosing block's index name and value (`layers[n] as i`)."""
-        frame = Frame(None, vars={index[0]: DVal(Poly.const(index[1]))} if index else {})
+    def _collect(self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout) -> None:
         for name, node in tree.items():
             if isinstance(node, BlockInfo):
                 for i in range(node.count.value):
-                    at = (node.decl.index, i) if node.decl.index else None
-                    self._collect(elab, node.members, f"{prefix}{name}.{i}.", layout, at)
+                    members = node.members_at(Poly.const(i))
+                    self._collect(elab, members, f"{prefix}{name}.{i}.", layout)
                 continue
-            cond = True if node.cond is None else elab.expr(node.cond, frame).value
+            own = getattr(node, "frame", None) or Frame(None)  # binds a block's `as` index
+            cond = True if node.cond is None else elab.expr(node.cond, own).value
             if node.alias is not None and cond:
                 layout.tied[prefix + name] = prefix + node.alias.id
             elif cond or node.alias is not None:  # an untied alias is a param of its own

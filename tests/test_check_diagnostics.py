@@ -776,6 +776,8 @@ def test_loop_index_conditions_resolve_per_layer():
          "this param may be absent"),
         ("  for i, p in layers\n", "  for j, p in layers\n    i = 1\n", 23, 25,
          "this param may be absent"),  # `if i > 0` on another `i`: no narrowing
+        ("  for i, p in layers\n", "  for j, p in layers\n    i = j + 1\n", 23, 25,
+         "this param may be absent"),  # the same text, an unknown `i` other than the index
         ("  layers[n_layers] as i\n", "  layers[n_layers] as\n", 13, 22,
          "the block's index name"),
     ],
@@ -785,6 +787,25 @@ def test_block_index_mistakes(old, new, line, col, message):
     d = diags[0]
     assert message in d.render(), d.render()
     assert d.render().startswith(f"{PATH}:{line}:{col}: error: "), d.render()
+
+
+def test_block_index_conditions_narrow_in_group_functions_per_call():
+    """A `group` function is checked per call: `if i > 0` there narrows `q.norm_w` when
+    the caller passes its loop index as `i`, and not when it passes another value."""
+    pre = (
+        "fn pre(q: group, i: int, x: act[B, S, dim]) -> act[B, S, dim]\n"
+        "  h = x\n"
+        "  if i > 0\n"
+        "    h = layer_norm(x, q.norm_w, q.norm_b, 1e-5)\n"
+        "  return h\n\n"
+    )
+    body = "    h = x\n    if i > 0\n      h = layer_norm(x, p.norm_w, p.norm_b, 1e-5)\n"
+    text = edit("entry forward", pre + "entry forward", INDEXED)
+    src = Source.parse_text(edit(body, "    h = pre(p, i, x)\n", text), PATH)
+    graph = src.lower(src.config(), "forward")
+    assert [n.op for n in graph.nodes].count("layer_norm") == 2  # not on layer 0
+    diags = diagnostics_of(edit(body, "    h = pre(p, i + 1, x)\n", text))
+    assert "this param may be absent" in diags[0].render(), diags[0].render()
 
 
 def test_layer_norm_without_bias_is_f_layer_norm():

@@ -6,9 +6,10 @@ result (None for guards, which the runtime checks on the host). Runtime dims
 (B, S, P…) are computed in the graph from input shapes (`b.dim`), so one model
 serves every batch, length and position.
 
-Library ops with a native ONNX op (linear, layer_norm, softmax, silu, gelu) are
-emitted as that op; the others (rms_norm, rope, attention) are decomposed into
-primitives first (`linnet/ir/library.py`), so ONNX runs the reference's math.
+Library ops with a native ONNX op (linear, layer_norm, softmax, silu, gelu, conv,
+max_pool, batch_norm) are emitted as that op; the others (rms_norm, rope, attention)
+are decomposed into primitives first (`linnet/ir/library.py`), so ONNX runs the
+reference's math.
 """
 
 from __future__ import annotations
@@ -140,16 +141,39 @@ def _reduce(op_type):
 
 def _slice(a, b, x, shape=None):
     shape = shape or a["in_shape"]
+    steps = a.get("steps") or (1,) * len(shape)
     axes = [
         i
         for i, (lo, hi) in enumerate(zip(a["starts"], a["stops"]))
-        if Poly.lift(lo) != Poly.const(0) or Poly.lift(hi) != shape[i]
+        if Poly.lift(lo) != Poly.const(0) or Poly.lift(hi) != shape[i] or steps[i] != 1
     ]
     if not axes:
         return x
     starts = b.dims([a["starts"][i] for i in axes])
     stops = b.dims([a["stops"][i] for i in axes])
-    return b.node("Slice", [x, starts, stops, b.const(axes)])
+    inputs = [x, starts, stops, b.const(axes)]
+    if any(steps[i] != 1 for i in axes):
+        inputs.append(b.const([steps[i] for i in axes]))
+    return b.node("Slice", inputs)
+
+
+def _pad(a, b, x):
+    pads = [lo for lo, _ in a["pads"]] + [hi for _, hi in a["pads"]]
+    value = (
+        b.float_const(a["value"], a["dtype"])
+        if a["dtype"] in ("f32", "f16", "bf16")
+        else (b.const(a["value"], a["dtype"]))
+    )
+    return b.node("Pad", [x, b.const(pads), value], mode="constant")
+
+
+def _window(a, kernel=None) -> dict:
+    """Conv / pool attributes: square kernel, stride and zero padding on both sides."""
+    stride, padding = a.get("stride", 1), a.get("padding", 0)
+    attrs = dict(strides=[stride, stride], pads=[padding] * 4)
+    if kernel is not None:
+        attrs["kernel_shape"] = [kernel, kernel]
+    return attrs
 
 
 def _write_box(b, x, shape, starts, sizes, write):
@@ -280,6 +304,8 @@ EMITTERS = {
     "slice": _slice,
     "concat": lambda a, b, *xs: b.node("Concat", list(xs), axis=a["axis"]),
     "take": lambda a, b, table, idx: b.node("Gather", [table, idx], axis=0),
+    "pad": _pad,
+    "broadcast": lambda a, b, x: b.node("Expand", [x, b.dims(a["shape"])]),
     "update_slice": _update_slice,
     "update_rows": _update_rows,
     "guard": lambda a, b: None,  # checked on the host before each run (see onnx_graph)
@@ -289,13 +315,18 @@ EMITTERS = {
     "softmax": _softmax,
     "silu": lambda a, b, x: b.node("Mul", [x, b.node("Sigmoid", [x])]),
     "gelu": lambda a, b, x: b.node("Gelu", [x], approximate=a.get("approx") or "none"),
+    "conv": lambda a, b, *xs: b.node("Conv", list(xs), **_window(a)),
+    "max_pool": lambda a, b, x: b.node("MaxPool", [x], **_window(a, a["kernel"])),
+    "batch_norm": lambda a, b, *xs: b.node("BatchNormalization", list(xs), epsilon=a["eps"]),
 }
 for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])
 for _name, _op in BINARY.items():
     EMITTERS[_name] = lambda a, b, x, y, _op=_op: b.node(_op, [x, y])
 
-NATIVE_LIBRARY_OPS = frozenset({"linear", "layer_norm", "softmax", "silu", "gelu"})
+NATIVE_LIBRARY_OPS = frozenset(
+    {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
+)
 
 
 def emit(node, b: OnnxBuilder, inputs: list[str]) -> str | None:

@@ -42,7 +42,23 @@ def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
     return env
 
 
+def list_length(f: A.Field) -> int | None:
+    """N for an `int[N]` field (a list of ints), None for a scalar field."""
+    dims = f.type.dims
+    if f.type.name == "int" and dims and len(dims) == 1 and isinstance(dims[0], A.Num):
+        return int(dims[0].value)
+    return None
+
+
 def _coerce(module: A.Module, f: A.Field, value):
+    n = list_length(f)
+    if n is not None:
+        if not isinstance(value, (list, tuple)) or len(value) != n:
+            raise ConfigError(
+                f"{module.path}: config `{f.name}` must be a list of {n} ints, got {value!r}"
+            )
+        item = A.Field(f.span, f"{f.name}[i]", A.TypeRef(f.type.span, "int"), None)
+        return [_coerce(module, item, v) for v in value]
     kind = f.type.name
     if kind == "bool" and not isinstance(value, bool):
         raise ConfigError(f"{module.path}: config `{f.name}` must be bool, got {value!r}")
@@ -68,6 +84,13 @@ def _eval(module: A.Module, e: A.Expr, env: dict):
         raise ConfigError(
             f"{module.path}:{e.span.line}: `{e.id}` is not a config field declared above this one"
         )
+    if isinstance(e, A.ListLit):
+        return [_eval(module, item, env) for item in e.items]
+    if isinstance(e, A.Index) and len(e.items) == 1:  # an item of an `int[N]` field
+        items, k = _eval(module, e.value, env), _eval(module, e.items[0], env)
+        if isinstance(items, list) and isinstance(k, int) and 0 <= k < len(items):
+            return items[k]
+        raise ConfigError(f"{module.path}:{e.span.line}: index {k!r} out of range")
     if isinstance(e, A.Unary):
         v = _eval(module, e.operand, env)
         return (not v) if e.op == "not" else -v
@@ -111,4 +134,6 @@ def _names(e: A.Expr) -> set[str]:
         return _names(e.left) | _names(e.right)
     if isinstance(e, A.Unary):
         return _names(e.operand)
+    if isinstance(e, A.Index):
+        return _names(e.value)
     return set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 from linnet.check import statements
+from linnet.check.config import list_length
 from linnet.check.diagnostics import Diagnostic, DiagnosticError
 from linnet.check.dims import Poly
 from linnet.check.values import (
@@ -23,6 +24,7 @@ from linnet.check.values import (
     DVal,
     Frame,
     FVal,
+    ListVal,
     NoneVal,
     StateVal,
     SVal,
@@ -91,11 +93,13 @@ class Elaborator(statements.Statements):
         for f in self.module.fields:
             if f.name in g:
                 self.error(f.span, f"config field `{f.name}` is declared twice")
-            if f.type.name not in SCALAR_TYPES or f.type.dims is not None:
+            if f.type.name not in SCALAR_TYPES or (
+                f.type.dims is not None and list_length(f) is None
+            ):
                 self.error(
                     f.type.span,
                     f"config field `{f.name}` has an unsupported type",
-                    "int, float, bool, str or dtype",
+                    "int, float, bool, str, dtype or int[N] (N a number)",
                     f.type.name,
                 )
             g[f.name] = self._config_value(f)
@@ -128,6 +132,11 @@ class Elaborator(statements.Statements):
             seen[fn.name] = fn
 
     def _config_value(self, f: A.Field):
+        n = list_length(f)
+        if n is not None:  # items are ints: constants when lowering, atoms when checking
+            if self.lowering:
+                return ListVal(f.name, [DVal(Poly.const(v)) for v in self.config[f.name]])
+            return ListVal(f.name, [DVal(Poly.atom(f"{f.name}[{k}]")) for k in range(n)])
         if self.lowering:
             value = self.config[f.name]
             return {
@@ -161,14 +170,21 @@ class Elaborator(statements.Statements):
             if isinstance(d, A.ParamBlock):
                 count = self.dim_expr(d.count, frame, "a block count")
                 info = BlockInfo(prefix + d.name, d, count)
-                inner = frame
-                if d.index is not None:  # conditions see the index: 0 <= i < count
-                    inner = copy.copy(frame)
-                    inner.vars = dict(frame.vars, **{d.index: DVal(Poly.atom(d.index))})
-                    inner.facts = frame.facts + [count - 1 - Poly.atom(d.index)]
-                info.members = self._declare_params(d.body, "", inner)
+                if d.index is not None:
+                    info.resolve = lambda i, info=info: self._block_members(info, i, frame)
+                elif any(isinstance(m, A.ParamBlock) for m in d.body):
+                    self.error(
+                        d.span,
+                        f"a block nested in `{d.name}` needs its index",
+                        hint=f"name it: `{d.name}[...] as i`",
+                    )
+                else:
+                    info.members = self._declare_params(d.body, "", frame)
                 tree[d.name] = info
             else:
+                if frame.vars:  # inside an indexed block: one declaration per index
+                    d = copy.copy(d)
+                    d.frame = frame
                 tree[d.name] = d
                 d.resolved = self.tensor_type(d.type, frame)
                 if d.cond is not None:
@@ -180,6 +196,11 @@ class Elaborator(statements.Statements):
                     BlockVal(tree[d.name]) if isinstance(d, A.ParamBlock) else ("param", d)
                 )
         return tree
+
+    def _block_members(self, info: BlockInfo, index: Poly, outer: Frame) -> dict:
+        """The members of one repetition of `NAME[...] as i`, with `i` bound to `index`."""
+        frame = Frame(None, vars={**outer.vars, info.decl.index: DVal(index)})
+        return self._declare_params(info.decl.body, f"{info.name}.{index}.", frame)
 
     def _check_alias(self, d: A.ParamDecl, tree: dict, frame: Frame) -> None:
         target = tree.get(d.alias.id) if isinstance(d.alias, A.Name) else None
@@ -248,7 +269,8 @@ class Elaborator(statements.Statements):
                 )
             )
         for fn in self.module.fns:
-            self._guard(lambda fn=fn: self.check_fn(fn))
+            if not self.is_template(fn):  # checked at each call
+                self._guard(lambda fn=fn: self.check_fn(fn))
         if not any(f.kind == "entry" for f in self.module.fns):
             self.diagnostics.append(
                 Diagnostic(
@@ -276,6 +298,15 @@ class Elaborator(statements.Statements):
     def _check_default(self, f: A.Field) -> None:
         value = self.expr(f.default, Frame(None))
         kinds = {"int": DVal, "float": (FVal, DVal), "bool": BVal, "str": SVal, "dtype": DtypeVal}
+        n = list_length(f)
+        if n is not None:
+            ok = isinstance(value, ListVal) and len(value.items) == n
+            if not ok or not all(isinstance(v, DVal) for v in value.items):
+                self.error(
+                    f.default.span, f"default of `{f.name}` has the wrong type", f"int[{n}]",
+                    describe(value) if not isinstance(value, list) else "a list",
+                )  # fmt: skip
+            return
         if not isinstance(value, kinds[f.type.name]):
             self.error(
                 f.default.span,

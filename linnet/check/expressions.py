@@ -6,18 +6,20 @@ op through the builder and turns an op-rule failure into a diagnostic.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import numpy as np
 
 from linnet.check.dims import Poly
 from linnet.check.values import (
+    BlockInfo,
     BlockVal,
     BVal,
     DtypeVal,
     DVal,
     FVal,
     GroupVal,
+    ListVal,
     NoneVal,
     StateVal,
     StateView,
@@ -85,17 +87,13 @@ class Expressions:
             return value
         return value
 
-    def param_value(self, decl: A.ParamDecl, dotted: str, frame, group: GroupVal | None = None):
-        """A param as a tensor: none when its condition is false (lowering). `group`: the
-        repetition of a block the param belongs to (its index may appear in the condition)."""
+    def param_value(self, decl: A.ParamDecl, dotted: str, frame):
+        """A param as a tensor: none when its condition is false (lowering)."""
         optional = decl.cond is not None and decl.alias is None
-        index_name = group.block.decl.index if group is not None else None
-        if index_name is not None:  # the condition reads the block's index: bind it
-            frame = copy.copy(frame)
-            frame.vars = dict(frame.vars, **{index_name: DVal(group.index)})
+        own = getattr(decl, "frame", None)  # a member of `NAME[...] as i`: i is bound there
         if self.lowering:
             if decl.cond is not None:
-                cond = self.expr(decl.cond, frame).value
+                cond = self.expr(decl.cond, own or frame).value
                 if decl.alias is not None and cond:
                     prefix = dotted[: len(dotted) - len(decl.name)]
                     return self.lookup_param_path(prefix + decl.alias.id, frame)
@@ -104,21 +102,29 @@ class Expressions:
             if dotted not in self.graph.params:
                 self.graph.param(dotted, decl.resolved)
             return self.tval(self.graph.params[dotted])
-        narrowed = _unparse(decl.cond) in frame.true_conds if optional else False
-        if index_name is not None and group.index != Poly.atom(index_name):
-            narrowed = False  # `if i > 0` narrows only when `i` is this repetition's index
+        if optional and own is not None:  # `if i > 0` on a block index may be known
+            known = self.expr(decl.cond, own).value
+            if known is not None:
+                return TVal(decl.resolved, decl.resolved) if known else NoneVal()
+        narrowed = optional and _unparse(decl.cond) in frame.true_conds
+        if narrowed and own is not None:
+            # an `if` with the condition's text narrows only where the block indices it
+            # names mean this repetition's: `for j, p in layers` ... `if i > 0` does not
+            narrowed = all(
+                frame.vars.get(name) == own.vars[name]
+                for name in _names(decl.cond) & own.vars.keys()
+            )
         return TVal(decl.resolved, decl.resolved, optional and not narrowed)
 
     def lookup_param_path(self, dotted: str, frame):
-        node, block, group = self.param_tree, None, None
+        node, block = self.param_tree, None
         parts = dotted.split(".")
         for part in parts[:-1]:
             if part.isdigit():
-                group = GroupVal(block, Poly.const(int(part)))
+                node = block.members_at(Poly.const(int(part)))
             else:
                 block = node[part]
-                node = block.members
-        return self.param_value(node[parts[-1]], dotted, frame, group)
+        return self.param_value(node[parts[-1]], dotted, frame)
 
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e: A.Expr, frame):
@@ -155,6 +161,8 @@ class Expressions:
             return self.call(e, frame)
         if isinstance(e, A.Tuple):
             return [self.expr(item, frame) for item in e.items]
+        if isinstance(e, A.ListLit):
+            return ListVal("", [self.expr(item, frame) for item in e.items])
         self.error(e.span, "slices are only allowed inside `[...]`", frame=frame)
 
     def unary(self, e: A.Unary, frame):
@@ -302,24 +310,27 @@ class Expressions:
                 describe(base),
                 frame=frame,
             )
-        decl = base.block.members.get(e.name)
+        members = base.block.members_at(base.index)
+        decl = members.get(e.name)
         if decl is None:
             self.error(
                 e.span,
                 f"block `{base.block.name}` has no param `{e.name}`",
-                hint="params: " + ", ".join(base.block.members),
+                hint="params: " + ", ".join(members),
                 frame=frame,
             )
-        if not isinstance(decl, A.ParamDecl):
-            self.error(e.span, "nested blocks are not supported here", frame=frame)
+        if isinstance(decl, BlockInfo):  # `st.rest`: a block nested in an indexed block
+            return BlockVal(decl)
         index = base.index.value if base.index.is_const else "{i}"
-        return self.param_value(decl, f"{base.block.name}.{index}.{e.name}", frame, base)
+        return self.param_value(decl, f"{base.block.name}.{index}.{e.name}", frame)
 
     # -- indexing ---------------------------------------------------------------------------
     def index(self, e: A.Index, frame):
         base = self.expr(e.value, frame)
         if isinstance(base, BlockVal):
             return self.block_item(base, e, frame)
+        if isinstance(base, ListVal):
+            return self.list_item(base, e, frame)
         if isinstance(base, (StateVal, StateView)):
             return self.state_index(base, e, frame)
         x = self.tensor(base, e.value, frame)
@@ -333,6 +344,20 @@ class Expressions:
         i = self.dim_expr(e.items[0], frame, "a block index")
         self.check_bounds(i, base.block.count - 1, e.items[0].span, frame)
         return GroupVal(base.block, i)
+
+    def list_item(self, base: ListVal, e: A.Index, frame) -> DVal:
+        """`widths[s + 1]`: the index must be known (a number, or the index of a block
+        whose count is a number: such loops unroll when checking too)."""
+        k = self.dim_expr(e.items[0], frame, "a list index") if len(e.items) == 1 else None
+        if k is None or not k.is_const or not 0 <= k.value < len(base.items):
+            self.error(
+                e.span,
+                f"`{base.name}` is indexed by a known int in 0 .. {len(base.items) - 1}",
+                received=str(k) if k is not None else f"{len(e.items)} indices",
+                hint="loop over a block of a constant count (`stages[4] as s`) to index by `s`",
+                frame=frame,
+            )
+        return base.items[k.value]
 
     def index_items(self, items: list[A.Expr], t: TensorType, frame) -> list:
         """Each item as (start, stop, keep): a slice keeps its axis, an int drops it."""
@@ -431,6 +456,19 @@ def _logic(op: str, a, b):
     return True if (a is True or b is True) else (None if None in (a, b) else False)
 
 
+def _names(e) -> set[str]:
+    """The names an expression reads."""
+    if isinstance(e, A.Name):
+        return {e.id}
+    out: set[str] = set()
+    for f in dataclasses.fields(e) if dataclasses.is_dataclass(e) else ():
+        value = getattr(e, f.name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, A.Expr):
+                out |= _names(item)
+    return out
+
+
 def _unparse(e: A.Expr) -> str:
     if isinstance(e, A.Name):
         return e.id
@@ -440,6 +478,8 @@ def _unparse(e: A.Expr) -> str:
         return f"({_unparse(e.left)} {e.op} {_unparse(e.right)})"
     if isinstance(e, (A.Num, A.Str, A.Const)):
         return repr(e.value)
+    if isinstance(e, A.Index):
+        return f"{_unparse(e.value)}[{', '.join(map(_unparse, e.items))}]"
     return repr(e)
 
 

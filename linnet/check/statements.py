@@ -106,6 +106,7 @@ class Statements(Expressions):
         then, orelse = copy.copy(frame), copy.copy(frame)
         then.vars, orelse.vars = dict(frame.vars), dict(frame.vars)
         then.true_conds = frame.true_conds | {_unparse(s.cond)}
+        orelse.true_conds = frame.true_conds | {f"not {_unparse(s.cond)}"}
         then.facts, orelse.facts = list(frame.facts), list(frame.facts)
         if isinstance(s.cond, A.Name) and isinstance(cond, TVal):
             then.vars[s.cond.id] = TVal(cond.v, cond.type, False)
@@ -161,8 +162,8 @@ class Statements(Expressions):
                     hint="assign in the loop and return after it",
                     frame=frame,
                 )
-        if self.lowering:
-            for i in range(count.value):
+        if self.lowering or count.is_const:  # a constant count unrolls when checking too,
+            for i in range(count.value):  # so each repetition may change types (stages)
                 self.bind_loop(s, frame, blocks.block, Poly.const(i))
                 self.run_body(s.body, frame)
             return
@@ -371,8 +372,14 @@ class Statements(Expressions):
             value = self.expr(expr, frame)
             callee.vars[arg.name] = self.bind_arg(arg, value, expr, bind, fn, frame)
         callee.dims = {d: bind.get(d, Poly.atom(d)) for d in self.symbolic_dims()}
-        if self.lowering:
-            self.run_body(fn.body, callee)
+        if self.lowering or self.is_template(fn):
+            if fn.name in self.checking_stack:
+                self.error(fn.span, f"`{fn.name}` calls itself; recursion is not supported")
+            self.checking_stack.append(fn.name)
+            try:
+                self.run_body(fn.body, callee)
+            finally:
+                self.checking_stack.pop()
             return callee.returned
         self.check_fn(fn)
         frame.calls_broken |= fn.name in self.broken_fns
@@ -417,6 +424,16 @@ class Statements(Expressions):
                     frame=frame,
                 )
             return value
+        if t.name == "group":
+            if not isinstance(value, GroupVal):
+                self.error(
+                    expr.span,
+                    f"argument `{arg.name}` must be one repetition of a param block",
+                    "group",
+                    describe(value),
+                    frame=frame,
+                )
+            return value
         kind = self.globals.get(t.name)
         if isinstance(kind, BlockVal):
             if not (isinstance(value, GroupVal) and value.block is kind.block):
@@ -447,6 +464,11 @@ class Statements(Expressions):
                 )
             return value
         self.error(t.span, f"unknown type `{t.name}`", frame=frame)
+
+    def is_template(self, fn: A.FnDef) -> bool:
+        """A function with a `group` argument (one repetition of any block, whose params'
+        shapes differ per call) is checked at each call, with the caller's values."""
+        return any(a.type.name == "group" and a.type.dims is None for a in fn.args)
 
     def symbolic_dims(self) -> list[str]:
         return [d.name for d in self.module.dims if d.value is None]

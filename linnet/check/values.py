@@ -7,6 +7,7 @@ and tensors are IR values. These classes are shared by both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from linnet.check.dims import Poly
@@ -56,12 +57,33 @@ class NoneVal:
 
 
 @dataclass
+class ListVal:
+    """An `int[N]` config field: each item an int (a symbolic atom `widths[0]` while
+    checking)."""
+
+    name: str
+    items: list[DVal]
+
+
+@dataclass
 class BlockInfo:
     """A repeated param block such as `layers[n_layers]`."""
 
-    name: str  # dotted prefix, e.g. "layers"
+    name: str  # dotted prefix, e.g. "layers", "stages.0.rest"
     decl: A.ParamBlock
     count: Poly
+    members: dict = field(default_factory=dict)  # name -> ParamDecl or BlockInfo
+    # `stages[4] as s`: members resolved per index (their shapes may use it), memoized
+    resolve: Callable | None = None
+    _at: dict = field(default_factory=dict, repr=False)
+
+    def members_at(self, index: Poly) -> dict:
+        if self.resolve is None:
+            return self.members
+        key = str(index)
+        if key not in self._at:
+            self._at[key] = self.resolve(index)
+        return self._at[key]
 
 
 @dataclass
@@ -105,6 +127,7 @@ def describe(value) -> str:
         BVal: lambda v: "bool",
         DtypeVal: lambda v: f"dtype {v.name}",
         NoneVal: lambda v: "none",
+        ListVal: lambda v: f"int[{len(v.items)}] {v.name}",
         BlockVal: lambda v: f"param block {v.block.name}",
         GroupVal: lambda v: f"one {v.block.name} block",
         StateVal: lambda v: f"state {v.name}",

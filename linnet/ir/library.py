@@ -8,6 +8,7 @@ primitives only.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -99,8 +100,10 @@ def rope_inv_freq(
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+@functools.lru_cache(maxsize=16)
 def rope_tables(head_dim: int, positions: int, **spec) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables [positions, head_dim / 2], computed in f32."""
+    """cos and sin tables [positions, head_dim / 2], computed in f32. Cached: every rope
+    of a model shares one pair (a graph has two ropes per layer; do not write to them)."""
     inv = rope_inv_freq(head_dim, **spec)
     freqs = np.arange(positions, dtype=np.float32)[:, None] * inv[None, :]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)

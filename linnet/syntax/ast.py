@@ -82,6 +82,11 @@ class Tuple(Expr):
     items: list[Expr]
 
 
+@dataclass
+class ListLit(Expr):
+    items: list[Expr]  # `[a, b, c]`: the value of an `int[N]` config field
+
+
 # -- types -----------------------------------------------------------------------
 @dataclass
 class TypeRef:
@@ -166,7 +171,7 @@ class ParamBlock:
     name: str
     count: Expr
     body: list[ParamDecl | ParamBlock]
-    index: str | None = None  # `layers[n_layers] as i`: conditions of its params may use i
+    index: str | None = None  # `stages[4] as s`: members may use `s` in shapes, counts, conditions
 
 
 @dataclass

@@ -9,7 +9,7 @@ Grammar (informal):
               | ('fn' | 'entry') NAME '(' args ')' ['updates' NAME (',' NAME)*] '->' type
                 ['if' expr] NL block                    (the `if` on entries only)
     pdecl    := NAME (',' NAME)* ':' type ['=' expr] ['if' expr] NL
-              | NAME '[' expr ']' NL INDENT pdecl+ DEDENT
+              | NAME '[' expr ']' ['as' NAME] NL INDENT pdecl+ DEDENT
     type     := NAME ['[' expr (',' expr)* ']'] ['?']
 """
 
@@ -186,9 +186,9 @@ class Parser:
                 count = self.expr()
                 self.expect("]")
                 index = None
-                if self.tok.kind == "name" and self.tok.text == "as":  # a soft keyword
+                if self.tok.kind == "name" and self.tok.text == "as":  # `as` is no keyword
                     self.advance()
-                    index = self.name("the block's index name after `as`").text
+                    index = self.name("the block's index name").text
                 self.newline()
                 body = self.param_body()
                 out.append(A.ParamBlock(self.span(start), start.text, count, body, index))
@@ -441,6 +441,14 @@ class Parser:
             inner = self.expr()
             self.expect(")", "to close the parenthesis")
             return inner
+        if self.at("["):  # a list literal: an `int[N]` config field's default
+            self.advance()
+            items = [self.expr()]
+            while self.at(","):
+                self.advance()
+                items.append(self.expr())
+            end = self.expect("]", "to close the list")
+            return A.ListLit(A.Span(t.line, t.col, end.end_col), items)
         self.fail("expected an expression")
         raise AssertionError  # unreachable
 

@@ -17,6 +17,10 @@ hf_prefix = "transformer."            # optional: HF base_model_prefix; tensors 
                                       #   without it (from the bare base model) also match
 ignore = ["model.layers.{i}.self_attn.rotary_emb.inv_freq"]   # may be present, unused
 
+[buffers]  # non-float tensors: ignored on load, written back by an HF export (a scalar
+           #   `value` beside every tensor whose name ends with `beside`)
+".num_batches_tracked" = { beside = ".running_mean", dtype = "i64", value = 0 }
+
 [config]   # source field -> where to find it in config.json (all values are HF-side)
 vocab = ["vocab_size", 32000]         # paths tried in order; a final non-string is the
                                       #   default when no path is present
@@ -52,7 +56,9 @@ no default is omitted too. `map` applies to every value, the default included;
 a value outside the map is a `ConfigError`.
 
 Placeholders `{i}` (any `{name}`) stand for non-negative integers (layer
-indices); the params of a rule use the placeholders of its `hf` pattern.
+indices); the params of a rule use the placeholders of its `hf` pattern. In an `hf`
+pattern, `{i+1}` stands for i + 1: `encoder.stages.{s}.layers.{i+1}.x` -> `stages.{s}.rest.{i}.x`
+(a ResNet stage's layers after its first).
 
 Inheritance (`base`): the child takes the base's config fields, consts,
 requirements, ignore list, prefix and tensor rules, then overrides: a config
@@ -208,16 +214,18 @@ def _parse_transform(spec: Any, where: str) -> Transform:
 # ----------------------------------------------------------------------------------------
 # Tensor rules
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\+([0-9]+))?\}")
 
 
 def _compile(pattern: str) -> tuple[re.Pattern, tuple[str, ...]]:
-    """A name pattern with `{i}` placeholders -> (full-match regex, placeholder names)."""
+    """A name pattern with `{i}` placeholders -> (full-match regex, placeholder names).
+    `{i+1}` stands for the number i + 1 (its group is named `i__1`: see `_bindings`)."""
     out, names, pos = [], [], 0
     for m in _PLACEHOLDER.finditer(pattern):
         out.append(re.escape(pattern[pos : m.start()]))
-        name = m.group(1)
-        out.append(f"(?P={name})" if name in names else rf"(?P<{name}>0|[1-9][0-9]*)")
+        name, offset = m.group(1), m.group(2)
+        group = f"{name}__{offset}" if offset else name
+        out.append(f"(?P={group})" if name in names else rf"(?P<{group}>0|[1-9][0-9]*)")
         if name not in names:
             names.append(name)
         pos = m.end()
@@ -225,8 +233,25 @@ def _compile(pattern: str) -> tuple[re.Pattern, tuple[str, ...]]:
     return re.compile("".join(out)), tuple(names)
 
 
+def _bindings(m: re.Match | None) -> dict[str, str] | None:
+    """Placeholder values of a match, offsets removed (`{i+1}` matching 3 binds i = 2);
+    None when there is no match or a number is below its offset."""
+    if m is None:
+        return None
+    out = {}
+    for group, value in m.groupdict().items():
+        name, _, offset = group.partition("__")
+        n = int(value) - int(offset or 0)
+        if n < 0:
+            return None
+        out[name] = str(n)
+    return out
+
+
 def _fill(pattern: str, bindings: Mapping[str, str]) -> str:
-    return _PLACEHOLDER.sub(lambda m: str(bindings[m.group(1)]), pattern)
+    return _PLACEHOLDER.sub(
+        lambda m: str(int(bindings[m.group(1)]) + int(m.group(2) or 0)), pattern
+    )
 
 
 @dataclass
@@ -410,7 +435,14 @@ def global_every(config: Mapping, field_name: str) -> Any:
     )
 
 
+def resnet_widths(config: Mapping, field_name: str) -> Any:
+    """ResNet: the stem's width (`embedding_size`), then each stage's (`hidden_sizes`)."""
+    sizes = config.get("hidden_sizes", [256, 512, 1024, 2048])
+    return [int(config.get("embedding_size", 64)), *map(int, sizes)]
+
+
 COMPUTED: dict[str, Callable[[Mapping, str], Any]] = {
+    "resnet_widths": resnet_widths,
     "layer_types_window": layer_types_window,
     "global_every": global_every,
     "num_labels": num_labels,
@@ -654,10 +686,47 @@ def global_every_to_hf(config: dict, value: Any) -> None:
     config["global_attn_every_n_layers"] = int(value)
 
 
+def resnet_widths_to_hf(config: dict, value: Any) -> None:
+    config["embedding_size"], config["hidden_sizes"] = value[0], list(value[1:])
+
+
 COMPUTED_TO_HF: dict[str, Callable[[dict, Any], None]] = {
+    "resnet_widths": resnet_widths_to_hf,
     "layer_types_window": layer_types_window_to_hf,
     "global_every": global_every_to_hf,
 }
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A non-float HF tensor the source has no param for (BatchNorm's int64
+    `num_batches_tracked`): ignored on load; an HF export writes it back, a scalar of
+    `dtype` and `value`, beside every tensor whose name ends with `beside`."""
+
+    suffix: str  # ".num_batches_tracked"
+    beside: str  # ".running_mean"
+    dtype: str  # "i64"
+    value: int
+
+
+BUFFER_DTYPES = ("i64",)
+
+
+def _parse_buffers(path: Path, spec: Any) -> dict[str, Buffer]:
+    if not isinstance(spec, dict):
+        raise _fail(path, "[buffers] must be a table")
+    out = {}
+    for suffix, v in spec.items():
+        if not (
+            isinstance(v, dict)
+            and set(v) == {"beside", "dtype", "value"}
+            and isinstance(v["beside"], str)
+            and v["dtype"] in BUFFER_DTYPES
+            and isinstance(v["value"], int)
+        ):
+            raise _fail(path, f'buffers."{suffix}": {{ beside = "...", dtype = "i64", value = N }}')
+        out[suffix] = Buffer(suffix, v["beside"], v["dtype"], v["value"])
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -677,6 +746,7 @@ class Manifest:
     hf_prefix: str = ""
     model_type: str = ""
     gguf: GgufSpec | None = None
+    buffers: dict[str, Buffer] = field(default_factory=dict)
     _ignore_regexes: list[re.Pattern] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -693,17 +763,33 @@ class Manifest:
             return [name, self.hf_prefix + name]
         return [name]
 
-    def match(self, name: str) -> tuple[Rule, dict[str, str]] | None:
-        """The rule (and placeholder bindings) for HF tensor `name`, or None."""
+    def match(self, name: str, params=None) -> tuple[Rule, dict[str, str]] | None:
+        """The rule (and placeholder bindings) for HF tensor `name`, or None. Given the
+        source's `params` (names), a rule whose targets they all hold comes first: one HF
+        name may feed different params per config (ResNet's `layer.0` is a basic layer's
+        first 3x3 conv, or a bottleneck's 1x1 reduce)."""
+        found = []
         for candidate in self._candidates(name):
             for rule in self.rules:
-                m = rule.hf_regex.fullmatch(candidate)
-                if m:
-                    return rule, m.groupdict()
-        return None
+                bindings = _bindings(rule.hf_regex.fullmatch(candidate))
+                if bindings is not None:
+                    if params is None or all(t in params for t in rule.targets(bindings)):
+                        return rule, bindings
+                    found.append((rule, bindings))
+        return found[0] if found else None
 
     def is_ignored(self, name: str) -> bool:
+        if any(name.endswith(suffix) for suffix in self.buffers):
+            return True
         return any(r.fullmatch(c) for c in self._candidates(name) for r in self._ignore_regexes)
+
+    def buffers_beside(self, hf_name: str) -> list[tuple[str, Buffer]]:
+        """(name, buffer) for each buffer an HF export writes beside tensor `hf_name`."""
+        return [
+            (hf_name[: -len(b.beside)] + b.suffix, b)
+            for b in self.buffers.values()
+            if hf_name.endswith(b.beside)
+        ]
 
     def rule_for_param(self, param: str) -> tuple[Rule, dict[str, str]] | None:
         """The rule (and bindings) whose targets include `param`, or None."""
@@ -862,9 +948,9 @@ class Manifest:
         """The rule (and bindings) whose GGUF pattern matches tensor `name`, or None."""
         for rule in self.rules:
             if rule.gguf_regex is not None:
-                m = rule.gguf_regex.fullmatch(name)
-                if m:
-                    return rule, m.groupdict()
+                bindings = _bindings(rule.gguf_regex.fullmatch(name))
+                if bindings is not None:
+                    return rule, bindings
         return None
 
     def gguf_tensor(self, rule: Rule, bindings: Mapping[str, str], parts: list, config: Mapping):
@@ -976,6 +1062,7 @@ _TOP_KEYS = {
     "tensors",
     "model_type",
     "gguf",
+    "buffers",
 }
 
 
@@ -1157,6 +1244,7 @@ def load_manifest(path: str | Path, _seen: tuple[Path, ...] = ()) -> Manifest:
         hf_prefix=prefix,
         model_type=str(data.get("model_type", "")),
         gguf=_parse_gguf(path, data.get("gguf"), base.gguf if base else None),
+        buffers={**(base.buffers if base else {}), **_parse_buffers(path, data.get("buffers", {}))},
     )
 
 

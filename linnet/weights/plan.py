@@ -210,7 +210,7 @@ def make_plan(
         row = PlanRow(name, info.shape, info.dtype, "", ())
         rows.append(row)
         desc = f"{info.dtype}{_shape_text(info.shape)}"
-        found = manifest.match(name)
+        found = manifest.match(name, params)
         if found is None:
             if manifest.is_ignored(name):
                 row.note = "ignored"
