@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+from bench.common import machine, versions  # noqa: E402
+
 METHODS = [
     "linnet/interpret/equivalent",
     "linnet/generated/equivalent",
@@ -41,6 +43,7 @@ METHODS = [
     "llama.cpp",
 ]
 BASELINES = ["transformers/eager", "transformers/compile", "llama.cpp"]
+PACKAGES = ("torch", "transformers", "llama_cpp", "linnet", "jax")
 
 
 # -- workers: one method, one dtype, one process ------------------------------------------
@@ -318,7 +321,7 @@ def main(argv=None) -> int:
     if "llama.cpp" in methods:
         export_ggufs(ckpt, dtypes, gguf_dir)
     gbs = bandwidth_gb_s()
-    report = {"machine": machine(), "versions": versions(), "model": args.model,
+    report = {"machine": machine(), "versions": versions(PACKAGES), "model": args.model,
               "checkpoint": ckpt, "bandwidth_gb_s": gbs, "prompt": args.prompt,
               "new_tokens": args.new, "results": {}}
     for dtype in dtypes:
@@ -383,21 +386,6 @@ def print_table(report: dict) -> None:
                   f"{row['decode_tok_s']:>13.1f} {row.get('roofline_fraction', 0):>8.0%} "
                   f"{f'{hf:.2f}x' if hf else '-':>12} {f'{cpp:.2f}x' if cpp else '-':>13} "
                   f"{row.get('warmup_s', 0):>9.1f}")
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
-
-
-def versions() -> dict:
-    out = {}
-    for name in ("torch", "transformers", "llama_cpp", "linnet", "jax"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception as err:  # a missing baseline is reported, not fatal
-            out[name] = f"unavailable: {type(err).__name__}"
-    return out
 
 
 if __name__ == "__main__":

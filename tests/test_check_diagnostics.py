@@ -716,3 +716,112 @@ def test_cli_check_subprocess(tmp_path):
     assert "Traceback" not in res.stderr
     missing = subprocess.run(cmd + [str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 2
+
+
+# -- per-repetition params (`layers[n] as i`) and conditions on the loop index ---------------
+# ModernBERT's first layer has no attention norm, and layers alternate global and local
+# attention by index (`i % every == 0`). Line numbers refer to this text.
+INDEXED = """model indexed
+
+config
+  dim: int = 8
+  n_layers: int = 3
+  every: int = 2
+  norm_bias: bool = false
+  act: dtype = f32
+
+dim B, S
+
+params
+  layers[n_layers] as i
+    norm_w: act[dim] if i > 0
+    norm_b: act[dim] if norm_bias and i > 0
+    w: act[dim, dim]
+
+entry forward(x: act[B, S, dim]) -> f32[B, S, dim]
+  for i, p in layers
+    h = x
+    if i > 0
+      h = layer_norm(x, p.norm_w, p.norm_b, 1e-5)
+    if i % every == 0
+      x = x + linear(h, p.w)
+    else
+      x = x - linear(h, p.w)
+  return f32(x)
+"""
+
+
+def test_block_index_conditions_select_params_per_repetition():
+    src = Source.parse_text(INDEXED, PATH)
+    assert sorted(src.params(src.config()).shapes) == [
+        "layers.0.w", "layers.1.norm_w", "layers.1.w", "layers.2.norm_w", "layers.2.w",
+    ]  # fmt: skip
+    with_bias = src.params(src.config({"norm_bias": True})).shapes
+    assert "layers.0.norm_b" not in with_bias and "layers.2.norm_b" in with_bias
+
+
+def test_loop_index_conditions_resolve_per_layer():
+    """Layer 0 (i % 2 == 0) adds, layer 1 subtracts, layer 2 adds: the ops in order."""
+    src = Source.parse_text(INDEXED, PATH)
+    graph = src.lower(src.config(), "forward")
+    combine = [n.op for n in graph.nodes if n.op in ("add", "sub")]
+    assert combine == ["add", "sub", "add"]
+    assert [n.op for n in graph.nodes].count("layer_norm") == 2  # not on layer 0
+
+
+@pytest.mark.parametrize(
+    "old, new, line, col, message",
+    [
+        ("    if i > 0\n      h = layer_norm", "    if true\n      h = layer_norm", 22, 25,
+         "this param may be absent"),
+        ("  for i, p in layers\n", "  for j, p in layers\n    i = 1\n", 23, 25,
+         "this param may be absent"),  # `if i > 0` on another `i`: no narrowing
+        ("  for i, p in layers\n", "  for j, p in layers\n    i = j + 1\n", 23, 25,
+         "this param may be absent"),  # the same text, an unknown `i` other than the index
+        ("  layers[n_layers] as i\n", "  layers[n_layers] as\n", 13, 22,
+         "the block's index name"),
+    ],
+)  # fmt: skip
+def test_block_index_mistakes(old, new, line, col, message):
+    diags = diagnostics_of(edit(old, new, INDEXED))
+    d = diags[0]
+    assert message in d.render(), d.render()
+    assert d.render().startswith(f"{PATH}:{line}:{col}: error: "), d.render()
+
+
+def test_block_index_conditions_narrow_in_group_functions_per_call():
+    """A `group` function is checked per call: `if i > 0` there narrows `q.norm_w` when
+    the caller passes its loop index as `i`, and not when it passes another value."""
+    pre = (
+        "fn pre(q: group, i: int, x: act[B, S, dim]) -> act[B, S, dim]\n"
+        "  h = x\n"
+        "  if i > 0\n"
+        "    h = layer_norm(x, q.norm_w, q.norm_b, 1e-5)\n"
+        "  return h\n\n"
+    )
+    body = "    h = x\n    if i > 0\n      h = layer_norm(x, p.norm_w, p.norm_b, 1e-5)\n"
+    text = edit("entry forward", pre + "entry forward", INDEXED)
+    src = Source.parse_text(edit(body, "    h = pre(p, i, x)\n", text), PATH)
+    graph = src.lower(src.config(), "forward")
+    assert [n.op for n in graph.nodes].count("layer_norm") == 2  # not on layer 0
+    diags = diagnostics_of(edit(body, "    h = pre(p, i + 1, x)\n", text))
+    assert "this param may be absent" in diags[0].render(), diags[0].render()
+
+
+def test_layer_norm_without_bias_is_f_layer_norm():
+    import torch
+
+    from linnet.backends.interp import Interpreter
+
+    src = Source.parse_text(edit("norm_bias and i > 0", "norm_bias", INDEXED), PATH)
+    graph = src.lower(src.config(), "forward")
+    weights = {k: torch.randn(t.shape[0].value, *[d.value for d in t.shape[1:]])
+               for k, t in src.params(src.config()).shapes.items()}  # fmt: skip
+    x = torch.randn(2, 5, 8)
+    got = Interpreter(graph, weights).run([x])[0]
+    want = x
+    for i in range(3):
+        p = {k.split(".")[-1]: w for k, w in weights.items() if k.startswith(f"layers.{i}.")}
+        h = torch.nn.functional.layer_norm(want, (8,), p["norm_w"], None, 1e-5) if i else want
+        want = want + h @ p["w"].T if i % 2 == 0 else want - h @ p["w"].T
+    assert (got - want).abs().max().item() <= 1e-5

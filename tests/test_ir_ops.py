@@ -417,10 +417,14 @@ def test_rope_symbolic_offset():
 
 # -- attention -----------------------------------------------------------------------------------
 def visible(seq: int, keys: int, offset: int, causal: bool, window: int) -> torch.Tensor:
-    """mask[i, j]: key j visible to query i (query i sits at position i + offset)."""
+    """mask[i, j]: key j visible to query i (query i sits at position i + offset); a
+    window without `causal` is symmetric: |i + offset - j| <= window // 2 (ModernBERT)."""
     mask = torch.ones(seq, keys, dtype=torch.bool)
     for i in range(seq):
         for j in range(keys):
+            if window and not causal:
+                mask[i, j] = abs(i + offset - j) <= window // 2
+                continue
             if causal or window:
                 mask[i, j] = j <= i + offset
             if window:
@@ -463,6 +467,8 @@ ATTENTION_CASES = {
     "window wider than context": (4, 4, 5, 5, True, 0, 16, None),
     "non-causal": (4, 2, 5, 7, False, 0, 0, None),
     "non-causal explicit scale": (4, 4, 4, 6, False, 0, 0, 0.3),
+    "bidirectional window": (4, 2, 9, 9, False, 0, 4, None),  # |q - k| <= 2
+    "bidirectional odd window": (4, 4, 7, 7, False, 0, 5, None),  # 5 // 2: also <= 2
 }
 
 
@@ -486,8 +492,10 @@ def test_attention_causal_with_zero_offset_matches_is_causal():
 
 
 @pytest.mark.parametrize(
-    "case", ["causal prefill", "gqa 2 decode", "gqa 4 prefill", "window decode", "non-causal"]
-)
+    "case",
+    ["causal prefill", "gqa 2 decode", "gqa 4 prefill", "window decode", "non-causal",
+     "bidirectional window"],
+)  # fmt: skip
 def test_attention_bf16(case):
     heads, kv_heads, seq, keys, causal, offset, window, scale = ATTENTION_CASES[case]
     q, k, v = qkv(1, heads, kv_heads, seq, keys, 16, dtype=torch.bfloat16, seed=50)
@@ -734,6 +742,47 @@ def test_attention_key_mask_in_both_preludes_matches_the_decomposition():
     for fn in (jax_prelude.attention_ref, jax_prelude.attention_fast):
         got = torch.from_numpy(np.array(fn(*j[:3], False, 0, 0, None, j[3])))
         assert_matches(got, want, f"jax {fn.__name__} key mask", atol=1e-5)
+
+
+def test_bidirectional_window_with_a_key_mask_in_both_preludes():
+    """ModernBERT's local layers: keys within window // 2 either side, and no padding key."""
+    import jax.numpy as jnp
+
+    from linnet.backends import jax_prelude, torch_prelude
+
+    q, k, v = qkv(3, 4, 2, 9, 9, 8, seed=70)
+    mask = padding_mask([9, 8, 7], 9)  # every query keeps a key (see the test below)
+    attrs = dict(causal=False, q_offset=0, window=4, masked=True)
+    want = run_op("attention", [q, k, v, mask], **attrs)
+    allowed = mask.bool()[:, None, None, :] & visible(9, 9, 0, False, 4)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    assert_f32(want, sdpa, "attention f32 bidirectional window + key mask")
+    for fn in (torch_prelude.attention_ref, torch_prelude.attention_fast):
+        assert_f32(fn(q, k, v, False, 0, 4, None, mask), want, f"torch {fn.__name__}")
+    j = [jnp.asarray(t.numpy()) for t in (q, k, v, mask)]
+    for fn in (jax_prelude.attention_ref, jax_prelude.attention_fast):
+        got = torch.from_numpy(np.array(fn(*j[:3], False, 0, 4, None, j[3])))
+        assert_matches(got, want, f"jax {fn.__name__} bidirectional window", atol=1e-5)
+
+
+def test_a_query_with_every_key_masked_gets_zeros_not_nan():
+    """A pad query whose local window holds only padding: zeros in the decomposition and
+    every helper (NaN there would reach real rows through the next layer: 0 * NaN)."""
+    import jax.numpy as jnp
+
+    from linnet.backends import jax_prelude, torch_prelude
+
+    q, k, v = qkv(2, 2, 2, 8, 8, 4, seed=80)
+    mask = padding_mask([8, 1], 8)  # row 1, query 7: window ±1 holds keys 6, 7 (padding)
+    want = run_op("attention", [q, k, v, mask], causal=False, q_offset=0, window=2, masked=True)
+    assert torch.isfinite(want).all() and torch.equal(want[1, :, 7], torch.zeros(2, 4))
+    for fn in (torch_prelude.attention_ref, torch_prelude.attention_fast):
+        assert_f32(fn(q, k, v, False, 0, 2, None, mask), want, f"torch {fn.__name__}")
+    j = [jnp.asarray(t.numpy()) for t in (q, k, v, mask)]
+    got = torch.from_numpy(np.array(jax_prelude.attention_ref(*j[:3], False, 0, 2, None, j[3])))
+    assert_matches(got, want, "jax attention_ref fully masked row", atol=1e-5)
+    fast = np.array(jax_prelude.attention_fast(*j[:3], False, 0, 2, None, j[3]))
+    assert np.isfinite(fast).all()  # XLA fills with the lowest float: finite, not zero
 
 
 def test_cumsum_and_mean_pool_builtins():

@@ -1,10 +1,11 @@
 """ONNX exports of encoders and vision models against transformers.
 
-Tiny random BertModel / RobertaModel checkpoints (padded batches of mixed lengths), the
-ViT family (ViT, its classifier, DINOv2, SigLIP's vision tower) and all-MiniLM-L6-v2's
-real weights: every entry of the export, run by onnxruntime through `linnet.onnx.load`,
-within 1e-4 of transformers (f32); MiniLM's `embed` has cosine >= 0.99999 with
-sentence-transformers-style mean pooling over transformers' output.
+Tiny random BertModel / RobertaModel and ModernBertModel checkpoints (padded batches of
+mixed lengths), the ViT family (ViT, its classifier, DINOv2, SigLIP's vision tower), ResNet
+(basic layers; bottleneck layers with a classifier) and all-MiniLM-L6-v2's real weights:
+every entry of the export, run by onnxruntime through `linnet.onnx.load`, within 1e-4 of
+transformers (f32); MiniLM's `embed` has cosine >= 0.99999 with sentence-transformers-style
+mean pooling over transformers' output.
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ from linnet.zoo.registry import registry
 import linnet.onnx
 from linnet.errors import LinnetError
 from tests.checkpoints import (
+    TINY_MODERNBERT_CONFIGS,
     VISION_CONFIGS,
     build_tiny_encoder,
+    build_tiny_modernbert,
     build_tiny_vision,
     encoder_variants,
     mean_pooling,
     minilm_snapshot,
     padded_batch,
     reference_hidden,
+    reference_modernbert,
     reference_vision,
     vision_pixels,
 )
+from tests.test_resnet import ENTRIES as RESNET_ENTRIES
+from tests.test_resnet import reference as reference_resnet
 
 TOL = 1e-4
 VISION = [a for a in VISION_CONFIGS if not a.startswith("ResNet")]
@@ -113,6 +119,31 @@ def test_vision_matches_transformers(export, arch):
         got = model.run(entry_of[key], pixels.numpy())
         assert got.shape == tuple(want.shape), key
         assert delta(got, want) <= TOL, key
+
+
+@pytest.mark.parametrize("variant", list(TINY_MODERNBERT_CONFIGS))
+def test_modernbert_matches_transformers(export, variant):
+    """Global and local (symmetric window) layers, no attn_norm in layer 0; the batch is
+    longer than the window, so a pad query of the 1-token row sees only padding."""
+    folder, model, _ = export(build_tiny_modernbert, variant)
+    assert model.entries == ["forward", "embed"]
+    ids, mask = padded_batch(model.config["vocab"], 0)
+    hidden = reference_modernbert(folder, ids, mask)
+    got = model.forward(ids.numpy(), mask.numpy())
+    assert np.isfinite(got).all()  # a fully masked query gives zeros, not NaN
+    assert delta(got, hidden, mask) <= TOL
+    assert delta(model.embed(ids, mask), mean_pooling(hidden, mask)) <= TOL
+
+
+@pytest.mark.parametrize("arch", list(RESNET_ENTRIES))
+def test_resnet_matches_transformers(export, arch):
+    folder, model, _ = export(build_tiny_vision, arch)
+    assert model.entries == RESNET_ENTRIES[arch]
+    pixels = vision_pixels(folder)
+    for entry, want in reference_resnet(folder, pixels).items():
+        got = model.run(entry, pixels.numpy())
+        assert got.shape == tuple(want.shape), entry
+        assert delta(got, want) <= TOL, entry
 
 
 def test_vision_checks_the_image_size(export):

@@ -214,6 +214,8 @@ def test_manifests_cover_the_six_architectures():
         "GPT2LMHeadModel",
         "LlamaForCausalLM",
         "MistralForCausalLM",
+        "ModernBertForMaskedLM",
+        "ModernBertModel",
         "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
@@ -226,7 +228,7 @@ def test_manifests_cover_the_six_architectures():
         "ViTModel",
     ]
     sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert", "ViTM": "vit", "ViTF": "vit"}
-    sources |= {"Dino": "vit", "Sigl": "vit", "ResN": "resnet"}
+    sources |= {"Dino": "vit", "Sigl": "vit", "Mode": "modernbert", "ResN": "resnet"}
     for arch in supported_architectures():
         m = find_manifest(arch)
         assert m.architecture == arch

@@ -21,7 +21,7 @@ gpt-oss-20b all-minilm-l6-v2 bert-base-uncased roberta-base modernbert-base resn
 vit-base-16-224 dinov2-base sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
 sd-vae-ft-mse sdxl-base-unet""".split()
 DECODERS = DESIGN_NAMES[:10]
-ENCODERS = DESIGN_NAMES[11:14]
+ENCODERS = DESIGN_NAMES[11:15]
 VISION = ["resnet-18", "resnet-50", "vit-base-16-224", "dinov2-base"]
 REVISIONS_TSV = Path(__file__).resolve().parents[2] / "shared" / "research" / "hf-revisions.tsv"
 
@@ -125,12 +125,13 @@ def test_scaled_config_keeps_the_structure(entry):
     """Encoders and vision: what decides the code path survives the scaling."""
     small, big = scaled_config(entry), entry.config
     assert small["architectures"] == [entry.architecture]
-    for key in ("layer_norm_eps", "type_vocab_size", "pad_token_id", "qkv_bias", "hidden_act",
+    for key in ("layer_norm_eps", "type_vocab_size", "qkv_bias", "hidden_act",
                 "mlp_ratio", "layerscale_value", "layer_type", "use_swiglu_ffn",
                 "downsample_in_first_stage"):  # fmt: skip
         if key in big:
             assert small[key] == big[key], key
-    if "pad_token_id" in big:  # RoBERTa: positions count past the pad id
+    if entry.architecture.startswith("Roberta"):  # positions count past the pad id
+        assert small["pad_token_id"] == big["pad_token_id"]
         assert small["max_position_embeddings"] == 64 + big["pad_token_id"] + 1
     if "image_size" in big:  # a 4 x 4 grid of patches
         assert small["image_size"] == 4 * small["patch_size"]
@@ -140,6 +141,12 @@ def test_scaled_config_keeps_the_structure(entry):
         real_shortcut = big["embedding_size"] != big["hidden_sizes"][0]
         assert (small["embedding_size"] != small["hidden_sizes"][0]) == real_shortcut
     assert ("num_labels" in small) == ("num_labels" in big)
+    if "global_attn_every_n_layers" in big:  # ModernBERT: global and local layers both
+        every = small["global_attn_every_n_layers"]
+        assert every == big["global_attn_every_n_layers"] < small["num_hidden_layers"]
+        assert small["local_attention"] < 12  # shorter than parity CI's longest sentence
+        for key in ("global_rope_theta", "local_rope_theta", "norm_eps"):
+            assert small[key] == big[key]
 
 
 def test_unknown_names_suggest_close_ones():
@@ -172,7 +179,7 @@ def test_zoo_list_shows_every_entry_its_status_and_parity(tmp_path):
     assert "real: bf16 ✕; tiny: f32 ✓" in lines["gpt2"] and "unpinned" in lines["gpt2"]
     assert "a91318be21ae" in lines["smollm2-135m-instruct"]
     assert "planned: needs" in lines["whisper-tiny"]
-    assert "17 ready" in done.output and "8 planned" in done.output
+    assert "18 ready" in done.output and "7 planned" in done.output
     assert lines["resnet-50"].split()[1] == "vision" and lines["gpt2"].split()[1] == "decoder"
     assert lines["all-minilm-l6-v2"].split()[1] == "encoder"
 

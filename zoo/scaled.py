@@ -7,7 +7,9 @@ scaling's original context shrinks to 32 so that llama3's three frequency bands 
 a sliding window shorter than the context becomes 8, shorter than a parity probe.
 
 Encoders (BERT, RoBERTa) keep their activation, eps, token types and pad id (RoBERTa's
-positions count past it); images (ViT, DINOv2) keep eps, qkv bias, mlp ratio, layer scale,
+positions count past it); ModernBERT keeps its global layer period (4 layers: global 0 and 3,
+local 1 and 2), both rope thetas and eps, with a local window of 6 keys, shorter than a
+parity sentence; images (ViT, DINOv2) keep eps, qkv bias, mlp ratio, layer scale,
 a grid of 4 x 4 patches; ResNet keeps its layer type, four stages (widths / 16 of ResNet-50's
 and ResNet-18's first, at most 2 layers a stage: every stage has a first and, where the real
 one does, further layers) and whether stage 0 needs a projection shortcut.
@@ -28,6 +30,8 @@ MODEL_TYPES = {
     "BertForMaskedLM": "bert",
     "RobertaModel": "roberta",
     "RobertaForMaskedLM": "roberta",
+    "ModernBertModel": "modernbert",
+    "ModernBertForMaskedLM": "modernbert",
     "ViTModel": "vit",
     "ViTForImageClassification": "vit",
     "Dinov2Model": "dinov2",
@@ -35,6 +39,7 @@ MODEL_TYPES = {
     "ResNetForImageClassification": "resnet",
 }
 ENCODERS = ("BertModel", "BertForMaskedLM", "RobertaModel", "RobertaForMaskedLM")
+MODERNBERTS = ("ModernBertModel", "ModernBertForMaskedLM")
 VITS = ("ViTModel", "ViTForImageClassification", "Dinov2Model")
 RESNETS = ("ResNetModel", "ResNetForImageClassification")
 LABELS = 5  # a classifier's classes
@@ -53,6 +58,8 @@ def scaled_config(entry) -> dict:
     arch = entry.architecture
     if arch not in MODEL_TYPES:
         raise ValueError(f"{entry.name}: no tiny config for {arch}")
+    if arch in MODERNBERTS:
+        return {**_modernbert(cfg), "model_type": MODEL_TYPES[arch], "architectures": [arch]}
     if arch in ENCODERS + VITS + RESNETS:
         small = _encoder(cfg) if arch in ENCODERS else _vit(cfg) if arch in VITS else _resnet(cfg)
         if "num_labels" in cfg:
@@ -158,4 +165,22 @@ def _resnet(cfg: dict) -> dict:
         "hidden_sizes": [w // scale for w in widths],
         "depths": [min(d, 2) for d in cfg["depths"]],
         **{k: cfg[k] for k in keep if k in cfg},
+    }
+
+
+def _modernbert(cfg: dict) -> dict:
+    every = cfg.get("global_attn_every_n_layers", 3)
+    special = dict(pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
+    keep = ("global_rope_theta", "local_rope_theta", "norm_eps", "hidden_activation")
+    return {
+        "vocab_size": VOCAB,
+        "hidden_size": 4 * HEAD_DIM,
+        "num_hidden_layers": every + 1,  # global layers 0 and `every`, local ones between
+        "num_attention_heads": 4,
+        "intermediate_size": 6 * HEAD_DIM,
+        "max_position_embeddings": POSITIONS,
+        "global_attn_every_n_layers": every,
+        "local_attention": 6,
+        **{k: cfg[k] for k in keep if k in cfg},
+        **special,
     }

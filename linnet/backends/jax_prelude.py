@@ -102,14 +102,24 @@ def rope_ref(x, cos, sin, offset):
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def _mask(q_offset, s, t, window):
-    """[S, T] bool: key position <= query position (and inside the window)."""
+def _mask(q_offset, s, t, window, causal=True):
+    """[S, T] bool: key position <= query position (and inside the window); without
+    `causal`, keys within window // 2 of the query on either side."""
     qpos = _positions(q_offset, s)[:, None]
     kpos = jnp.arange(t, dtype=jnp.int32)[None, :]
+    if not causal:
+        return jnp.abs(kpos - qpos) <= window // 2
     allowed = kpos <= qpos
     if window:
         allowed = allowed & (kpos > qpos - window)
     return allowed
+
+
+def _softmax_or_zero(x):
+    """Softmax over the last axis of f32 x; a row with every key masked gives zeros."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(x - jnp.where(top == -jnp.inf, 0.0, top))
+    return e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
 
 
 def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
@@ -122,10 +132,12 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     scores = jnp.matmul(q5, k5t, precision=HIGHEST)  # (B, KV, G, S, T)
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).astype(jnp.float32)
     if causal or window:
-        scores = jnp.where(_mask(q_offset, s, t, window), scores, -jnp.inf)
+        scores = jnp.where(_mask(q_offset, s, t, window, causal), scores, -jnp.inf)
     if key_mask is not None:
         scores = jnp.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -jnp.inf)
-    probs = softmax_ref(scores, -1).astype(q.dtype)
+        probs = _softmax_or_zero(scores).astype(q.dtype)
+    else:
+        probs = softmax_ref(scores, -1).astype(q.dtype)
     out = jnp.matmul(probs, v.reshape(b, kv, 1, t, d), precision=HIGHEST)
     return out.reshape(b, h, s, d)
 
@@ -201,7 +213,7 @@ def rope_fast(x, cos, sin, offset):
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     """jax.nn.dot_product_attention ([B, T, N, H] layout, GQA native); XLA picks the kernel."""
     s, t = q.shape[2], k.shape[2]
-    mask = _mask(q_offset, s, t, window)[None, None] if causal or window else None
+    mask = _mask(q_offset, s, t, window, causal)[None, None] if causal or window else None
     if key_mask is not None:  # (B, 1, 1, T) padding
         keep = key_mask[:, None, None, :] != 0
         mask = keep if mask is None else mask & keep

@@ -71,10 +71,13 @@ def _positions(offset, seq, device):
     return torch.arange(offset, offset + seq, device=device)
 
 
-def _allowed(q_offset, s, t, window, device):
-    """[S, T] bool: key position <= query position (and inside the window)."""
+def _allowed(q_offset, s, t, window, device, causal=True):
+    """[S, T] bool: key position <= query position (and inside the window); without
+    `causal`, keys within window // 2 of the query on either side."""
     qpos = _positions(q_offset, s, device)[:, None]
     kpos = torch.arange(t, device=device)[None, :]
+    if not causal:
+        return (kpos - qpos).abs() <= window // 2
     allowed = kpos <= qpos
     if window:
         allowed = allowed & (kpos > qpos - window)
@@ -93,6 +96,13 @@ def rope_ref(x, cos, sin, offset):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+def _softmax_or_zero(x):
+    """Softmax over the last axis of f32 x; a row with every key masked gives zeros."""
+    top = x.amax(-1, keepdim=True)
+    e = torch.exp(x - torch.where(top == -math.inf, 0.0, top))
+    return e / e.sum(-1, keepdim=True).clamp(min=1e-30)
+
+
 def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
     [B, T]: keys where it is 0 are padding, attended by no query."""
@@ -102,10 +112,13 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
     if causal or window:
-        scores = torch.where(_allowed(q_offset, s, t, window, q.device), scores, -math.inf)
+        allowed = _allowed(q_offset, s, t, window, q.device, causal)
+        scores = torch.where(allowed, scores, -math.inf)
     if key_mask is not None:
         scores = torch.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -math.inf)
-    probs = softmax_ref(scores, -1).to(q.dtype)
+        probs = _softmax_or_zero(scores).to(q.dtype)
+    else:
+        probs = softmax_ref(scores, -1).to(q.dtype)
     return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
 
 
@@ -140,7 +153,7 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     if window or static or (causal and s > 1 and t != s) or key_mask is not None:
         mask = torch.ones(s, t, dtype=torch.bool, device=q.device)
         if causal or window:
-            mask = _allowed(q_offset, s, t, window, q.device)
+            mask = _allowed(q_offset, s, t, window, q.device, causal)
         if key_mask is not None:  # (B, 1, 1, T) padding, broadcast over heads and queries
             mask = mask & (key_mask[:, None, None, :] != 0)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -56,8 +56,17 @@ def _rms_norm(cx, x, w, eps):
     return cx.add("rms_norm", [x, w], eps=eps)
 
 
-@builtin("layer_norm", ("x", "tensor"), ("w", "tensor"), ("b", "tensor"), ("eps", "float"))
+@builtin(
+    "layer_norm",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor?"),
+    ("eps", "float"),
+    doc="(x - mean) / sqrt(var + eps) * w + b; b none: no bias (ModernBERT)",
+)
 def _layer_norm(cx, x, w, b, eps):
+    if b is None:  # a zero bias made from w (folded at load), so the op keeps one form
+        b = cx.add("mul", [w, cx.scalar(0.0, w.type.dtype)])
     return cx.add("layer_norm", [x, w, b], eps=eps)
 
 
@@ -144,7 +153,8 @@ def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, 
     ("window", "int", Poly.const(0)),
     ("scale", "float", None),
     ("mask", "tensor?", None),
-    doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none; "
+    doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none, else "
+    "causal: the last `window` keys, bidirectional: keys within window // 2 either side; "
     "mask: a key padding mask [B, T] (nonzero attends)",
 )
 def _attention(cx, q, k, v, causal, q_offset, window, scale, mask):

@@ -6,6 +6,8 @@ op through the builder and turns an op-rule failure into a diagnostic.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from linnet.check.dims import Poly
@@ -104,7 +106,14 @@ class Expressions:
             known = self.expr(decl.cond, own).value
             if known is not None:
                 return TVal(decl.resolved, decl.resolved) if known else NoneVal()
-        narrowed = _unparse(decl.cond) in frame.true_conds if optional else False
+        narrowed = optional and _unparse(decl.cond) in frame.true_conds
+        if narrowed and own is not None:
+            # an `if` with the condition's text narrows only where the block indices it
+            # names mean this repetition's: `for j, p in layers` ... `if i > 0` does not
+            narrowed = all(
+                frame.vars.get(name) == own.vars[name]
+                for name in _names(decl.cond) & own.vars.keys()
+            )
         return TVal(decl.resolved, decl.resolved, optional and not narrowed)
 
     def lookup_param_path(self, dotted: str, frame):
@@ -445,6 +454,19 @@ def _logic(op: str, a, b):
     if op == "and":
         return False if (a is False or b is False) else (None if None in (a, b) else True)
     return True if (a is True or b is True) else (None if None in (a, b) else False)
+
+
+def _names(e) -> set[str]:
+    """The names an expression reads."""
+    if isinstance(e, A.Name):
+        return {e.id}
+    out: set[str] = set()
+    for f in dataclasses.fields(e) if dataclasses.is_dataclass(e) else ():
+        value = getattr(e, f.name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, A.Expr):
+                out |= _names(item)
+    return out
 
 
 def _unparse(e: A.Expr) -> str:

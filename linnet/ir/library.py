@@ -174,18 +174,45 @@ def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None,
             [b.add("iota", [], length=keys, start=Poly.const(0), dtype="i64")],
             shape=(one, keys),
         )
-        allowed = b.add("le", [kpos, qpos])
-        if window:
-            lo = b.add("sub", [qpos, b.add("const", [], value=np.asarray(window), dtype="i64")])
-            allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, lo])])
+        allowed = _band(b, qpos, kpos, causal, window)
         scores = b.add("where", [allowed, scores, _const(b, -math.inf, F32)])
     if key_mask is not None:  # padding: no query attends to a masked key
         keep = _nonzero(b, key_mask)
         keep = b.add("reshape", [keep], shape=(bsz, one, one, one, keys))  # (B, 1, 1, 1, T)
         scores = b.add("where", [keep, scores, _const(b, -math.inf, F32)])
-    probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
+        probs = b.add("cast", [_softmax_or_zero(b, scores)], dtype=qt.dtype)
+    else:
+        probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
     out = b.add("matmul", [probs, v5])  # (B, KV, G, S, D)
     return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
+
+
+def _softmax_or_zero(b, scores):
+    """Softmax of f32 scores over the last axis; a row whose keys are all masked (a pad
+    query whose local window holds only padding) gives zeros, not NaN, which would reach
+    the real rows through the next layer (0 * NaN). Rows with a key are unchanged: their
+    max is finite and their sum >= 1."""
+    top = b.add("reduce_max", [scores], axis=-1)
+    top = b.add("where", [b.add("eq", [top, _const(b, -math.inf, F32)]), _const(b, 0.0, F32), top])
+    e = b.add("exp", [b.add("sub", [scores, top])])
+    total = b.add("maximum", [b.add("reduce_sum", [e], axis=-1), _const(b, 1e-30, F32)])
+    return b.add("div", [e, total])
+
+
+def _band(b, qpos, kpos, causal, window):
+    """Keys each query may see: causal, k <= q and (window) k > q - window; bidirectional
+    (window only), |q - k| <= window // 2 (ModernBERT's local attention)."""
+
+    def shifted(op, by):
+        return b.add(op, [qpos, b.add("const", [], value=np.asarray(by), dtype="i64")])
+
+    if not causal:
+        lo, hi = shifted("sub", window // 2), shifted("add", window // 2)
+        return b.add("logical_and", [b.add("ge", [kpos, lo]), b.add("le", [kpos, hi])])
+    allowed = b.add("le", [kpos, qpos])
+    if window:
+        allowed = b.add("logical_and", [allowed, b.add("gt", [kpos, shifted("sub", window)])])
+    return allowed
 
 
 def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: float):

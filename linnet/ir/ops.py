@@ -365,7 +365,8 @@ def _rope(ins, attrs):
 @op(
     "attention",
     "library",
-    "softmax(q k^T * scale + mask) v with GQA, causal/window masks; with attrs['masked'] "
+    "softmax(q k^T * scale + mask) v with GQA, causal/window masks (a window without causal: "
+    "|q - k| <= window // 2, symmetric); with attrs['masked'] "
     "the next operand is a key padding mask [B, T] (nonzero: attend); an optional last "
     "operand gives the query positions as a tensor (instead of q_offset)",
     arity=(3, 5),

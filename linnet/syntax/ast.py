@@ -171,7 +171,7 @@ class ParamBlock:
     name: str
     count: Expr
     body: list[ParamDecl | ParamBlock]
-    index: str | None = None  # `stages[4] as s`: members may use `s` in shapes and counts
+    index: str | None = None  # `stages[4] as s`: members may use `s` in shapes, counts, conditions
 
 
 @dataclass

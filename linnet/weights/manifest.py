@@ -413,6 +413,28 @@ def mlp_ratio_ffn(config: Mapping, field_name: str) -> Any:
     return int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
 
 
+def global_every(config: Mapping, field_name: str) -> Any:
+    """ModernBERT: global attention on layers i % n == 0, local on the others.
+
+    Hub configs give `global_attn_every_n_layers`; transformers 5 saves `layer_types` too
+    (and its models follow `layer_types`). The source expresses the every-n pattern only,
+    so a `layer_types` that no n produces is a ConfigError.
+    """
+    every = int(config.get("global_attn_every_n_layers", 3))
+    types = config.get("layer_types")
+    if types is None:
+        return every
+    n_layers = len(types)
+    for n in [every, *range(1, n_layers + 1)]:  # the stated n first, else the n that fits
+        pattern = ["sliding_attention" if i % n else "full_attention" for i in range(n_layers)]
+        if list(types) == pattern:
+            return n
+    raise ConfigError(
+        f"config.json: layer_types {list(types)} is not global attention every n layers; "
+        f"the source's {field_name} expresses only that pattern"
+    )
+
+
 def resnet_widths(config: Mapping, field_name: str) -> Any:
     """ResNet: the stem's width (`embedding_size`), then each stage's (`hidden_sizes`)."""
     sizes = config.get("hidden_sizes", [256, 512, 1024, 2048])
@@ -422,6 +444,7 @@ def resnet_widths(config: Mapping, field_name: str) -> Any:
 COMPUTED: dict[str, Callable[[Mapping, str], Any]] = {
     "resnet_widths": resnet_widths,
     "layer_types_window": layer_types_window,
+    "global_every": global_every,
     "num_labels": num_labels,
     "mlp_ratio_ffn": mlp_ratio_ffn,
 }
@@ -658,6 +681,11 @@ def layer_types_window_to_hf(config: dict, value: Any) -> None:
     config["max_window_layers"] = 0
 
 
+def global_every_to_hf(config: dict, value: Any) -> None:
+    """The inverse of `global_every` (transformers derives layer_types from it)."""
+    config["global_attn_every_n_layers"] = int(value)
+
+
 def resnet_widths_to_hf(config: dict, value: Any) -> None:
     config["embedding_size"], config["hidden_sizes"] = value[0], list(value[1:])
 
@@ -665,6 +693,7 @@ def resnet_widths_to_hf(config: dict, value: Any) -> None:
 COMPUTED_TO_HF: dict[str, Callable[[dict, Any], None]] = {
     "resnet_widths": resnet_widths_to_hf,
     "layer_types_window": layer_types_window_to_hf,
+    "global_every": global_every_to_hf,
 }
 
 

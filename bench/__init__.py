@@ -1,0 +1,1 @@
+"""Benchmarks: run.py (decoders), convert.py (HF -> GGUF), encoders.py (encoders, vision)."""
