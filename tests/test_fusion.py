@@ -8,6 +8,8 @@ decode step allocates nothing the size of the cache, nor of the keys it reads.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -125,3 +127,21 @@ def test_decode_step_allocates_no_cache_sized_tensor(tiny, arch, numerics):
     assert biggest < keys_read, (
         f"a decode step allocated {biggest} bytes; the keys of one layer are {keys_read}"
     )
+
+
+def test_hf_export_of_a_fused_model_is_bit_exact(tiny, tmp_path):
+    """Exports read the source's params, now views of the stacked rows: unchanged."""
+    from safetensors.torch import load_file
+
+    import linnet.hf
+
+    path = tiny("LlamaForCausalLM", "base")
+    model = lt.load(path, dtype="f32", mode="generated")
+    linnet.hf.export(model, tmp_path / "out", dtype="f32")
+    want, got = {}, {}
+    for folder, into in ((path, want), (tmp_path / "out", got)):
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            into.update(load_file(file))
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
