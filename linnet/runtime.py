@@ -55,11 +55,11 @@ class TorchModel:
         self.source = source
         self.config = config
         self.hf_config = hf_config or {}
-        self.params = params
+        self.params = dict(params)  # the runner may make some views of stacked weights
         self.device = torch.device(device)
         self.numerics = numerics
         self.mode = mode
-        self.runner = make_runner(mode, source, config, params, self.device, numerics)
+        self.runner = make_runner(mode, source, config, self.params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
 
     @property

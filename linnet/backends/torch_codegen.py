@@ -17,6 +17,7 @@ import re
 from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
 from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Spell, emit
+from linnet.ir.fusion import fuse_linears
 from linnet.ir.graph import Graph
 from linnet.ir.passes import dedupe_guards, inplace_updates, verify
 from linnet.source import Source
@@ -114,7 +115,7 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     return lines
 
 
-def emit_init(source: Source, config: dict, spell: Spell, graphs: dict) -> list[str]:
+def emit_init(source: Source, config: dict, spell: Spell, fused: dict) -> list[str]:
     layout = source.params(config)
     lines = ["    def __init__(self):", "        super().__init__()"]
     containers = set()
@@ -133,6 +134,11 @@ def emit_init(source: Source, config: dict, spell: Spell, graphs: dict) -> list[
                 )
     for name, t in layout.shapes.items():
         shape = _tuple(d.value for d in t.shape)
+        lines.append(f"        {attr_path(name)} = _param({shape}, {TORCH_DTYPE_NAMES[t.dtype]})")
+    for name, parts in fused.items():  # stacked rows of params that share an input
+        t = layout.shapes[parts[0]]
+        rows = sum(layout.shapes[p].shape[0].value for p in parts)
+        shape = _tuple([rows] + [d.value for d in t.shape[1:]])
         lines.append(f"        {attr_path(name)} = _param({shape}, {TORCH_DTYPE_NAMES[t.dtype]})")
     for spec, table in spell.tables.items():
         args = ", ".join(repr(x) for x in spec)
@@ -165,17 +171,31 @@ def emit_reset(graphs: dict) -> list[str]:
     return lines
 
 
-def generate(source: Source, config: dict, numerics: str = "equivalent") -> str:
-    """The whole module's text for one config."""
-    graphs = {}
+def lower_entries(source: Source, config: dict, fuse: bool = False) -> tuple[dict, dict]:
+    """Every entry lowered and verified; with `fuse`, linears that share an input made one
+    (`fuse_linears`). Returns the graphs and the stacked params ({name: parts})."""
+    graphs, fused = {}, {}
     for entry in source.entries:
         graph = dedupe_guards(source.lower(config, entry))
         verify(graph)
+        if fuse:
+            graph, stacked = fuse_linears(graph)
+            verify(graph)
+            fused.update(stacked)
         graphs[entry] = graph
-    return generate_graphs(source, config, graphs, numerics)
+    return graphs, fused
 
 
-def generate_graphs(source: Source, config: dict, graphs: dict, numerics: str) -> str:
+def generate(source: Source, config: dict, numerics: str = "equivalent", fuse=False) -> str:
+    """The whole module's text for one config (`fuse`: see `lower_entries`; the module
+    then has stacked params too, which `stack_params` fills)."""
+    graphs, fused = lower_entries(source, config, fuse)
+    return generate_graphs(source, config, graphs, numerics, fused)
+
+
+def generate_graphs(
+    source: Source, config: dict, graphs: dict, numerics: str, fused: dict | None = None
+) -> str:
     """The module's text with one method per given graph (e.g. a capture-ready decode)."""
     spell = Spell(numerics=numerics, table_prefix="self.")
     methods = []
@@ -202,5 +222,5 @@ def generate_graphs(source: Source, config: dict, graphs: dict, numerics: str) -
         f'    """The `{source.name}` source for one config; params named like the source."""',
         "",
     ]
-    body += emit_init(source, config, spell, graphs) + [""] + emit_reset(graphs) + methods
+    body += emit_init(source, config, spell, fused or {}) + [""] + emit_reset(graphs) + methods
     return "\n".join(body) + "\n"

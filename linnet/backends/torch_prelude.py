@@ -25,7 +25,7 @@ def _guard(lhs, rhs, message, lhs_text, rhs_text, error=GuardError):
 # -- numerics="equivalent": the reference decompositions, op for op ----------------------
 def rms_norm_ref(x, w, eps):
     h = x.float()
-    h = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + eps)
+    h = h * (h * h).mean(-1, keepdim=True).add_(eps).rsqrt_()
     return w * h.to(x.dtype)
 
 
@@ -50,7 +50,8 @@ def gelu_ref(x, approx):
 
 
 def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max):
-    """cos, sin [positions, head_dim / 2] in f32, as transformers builds them."""
+    """cos, sin [positions, head_dim] in f32, as transformers builds them (sin signed for
+    the first half: see `_rotation_tables`)."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv = 1.0 / (theta**exponent)
     if scaling == "llama3":
@@ -61,7 +62,13 @@ def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq
         medium = ~(wavelen < original_max / high_freq) & ~(wavelen > original_max / low_freq)
         inv = torch.where(medium, smoothed, scaled)
     freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv[None, :]
-    return torch.cos(freqs), torch.sin(freqs)
+    return _rotation_tables(torch.cos(freqs), torch.sin(freqs))
+
+
+def _rotation_tables(cos, sin):
+    """[N, D/2] tables -> cos repeated and sin signed, [N, D]: x * cos + swap_halves(x) * sin
+    is then x1 cos - x2 sin, x2 cos + x1 sin, the same products and sums as two halves."""
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def _positions(offset, seq, device):
@@ -84,16 +91,27 @@ def _allowed(q_offset, s, t, window, device, causal=True):
     return allowed
 
 
+def _masks_some(causal, q_offset, s, t, window):
+    """Whether `_allowed` hides any key: not when every query sees keys 0..T-1 (a decode
+    step of one token over the cache it has filled, inside the window)."""
+    if not (causal or window):
+        return False
+    if isinstance(q_offset, torch.Tensor):
+        return True
+    last = q_offset + s - 1
+    return t > q_offset + 1 or bool(window and last >= window)
+
+
 def rope_ref(x, cos, sin, offset):
-    """Half rotation of x [B, H, S, D] at positions offset..offset+S (or a positions tensor)."""
+    """Half rotation of x [B, H, S, D] at positions offset..offset+S (or a positions tensor),
+    with the [N, D] tables of `rope_tables`: x * cos + swap_halves(x) * sin."""
     seq, half = x.shape[2], x.shape[3] // 2
     if isinstance(offset, torch.Tensor):
-        c, s = cos[offset].to(x.dtype), sin[offset].to(x.dtype)
+        c, s = cos[offset], sin[offset]
     else:
-        c = cos[offset : offset + seq].to(x.dtype)
-        s = sin[offset : offset + seq].to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+        c, s = cos[offset : offset + seq], sin[offset : offset + seq]
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return (x * c.to(x.dtype)).add_(swapped.mul_(s.to(x.dtype)))
 
 
 def _softmax_or_zero(x):
@@ -104,22 +122,27 @@ def _softmax_or_zero(x):
 
 
 def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
-    """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
-    [B, T]: keys where it is 0 are padding, attended by no query."""
+    """softmax(q k^T * scale + mask) v; GQA by folding each kv head's group of q heads into
+    its rows (k and v are read where they lie, never repeated); `key_mask` [B, T]: keys
+    where it is 0 are padding, attended by no query."""
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
-    q5 = q.reshape(b, kv, h // kv, s, d)
-    scores = torch.matmul(q5, k.reshape(b, kv, 1, t, d).transpose(-1, -2))
+    g = h // kv
+    rows = q.reshape(b, kv, g * s, d)  # (B, KV, G*S, D)
+    scores = torch.matmul(rows, k.transpose(-1, -2))  # (B, KV, G*S, T)
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
-    if causal or window:
+    scores = scores.reshape(b, kv, g, s, t)
+    if _masks_some(causal, q_offset, s, t, window):
         allowed = _allowed(q_offset, s, t, window, q.device, causal)
-        scores = torch.where(allowed, scores, -math.inf)
+        scores = scores.masked_fill(~allowed, -math.inf)
     if key_mask is not None:
-        scores = torch.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -math.inf)
-        probs = _softmax_or_zero(scores).to(q.dtype)
-    else:
-        probs = softmax_ref(scores, -1).to(q.dtype)
-    return torch.matmul(probs, v.reshape(b, kv, 1, t, d)).reshape(b, h, s, d)
+        scores = scores.masked_fill(key_mask.reshape(b, 1, 1, 1, t) == 0, -math.inf)
+        probs = _softmax_or_zero(scores).to(q.dtype)  # a query with no key left: zeros
+    else:  # softmax_ref, in place on scores (a fresh f32 tensor here)
+        scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        probs = scores.div_(scores.sum(-1, keepdim=True)).to(q.dtype)
+    out = torch.matmul(probs.reshape(b, kv, g * s, t), v)  # (B, KV, G*S, D)
+    return out.reshape(b, h, s, d)
 
 
 def batch_norm_ref(x, w, b, mean, var, eps):

@@ -19,7 +19,7 @@ import types
 import torch
 
 from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import class_name, generate
+from linnet.backends.torch_codegen import class_name, generate_graphs, lower_entries
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose, dedupe_guards, verify
 from linnet.source import Source
@@ -73,14 +73,33 @@ def load_generated(text: str, name: str):
 _counter = itertools.count()
 
 
+def stack_params(params: dict, fused: dict) -> dict:
+    """Each stacked param of `fuse_linears` built once; its parts in `params` become views
+    of its rows, so each weight is held once and the source's names still reach it (HF
+    exports read them). Returns the stacked tensors by name."""
+    stacked = {}
+    for name, parts in fused.items():
+        whole = torch.cat([params[p] for p in parts])
+        lo = 0
+        for p in parts:
+            rows = params[p].shape[0]
+            params[p] = whole[lo : lo + rows]
+            lo += rows
+        stacked[name] = whole
+    return stacked
+
+
 class GeneratedRunner:
+    """The generated module; linears that share an input run as one (`fuse_linears`)."""
+
     def __init__(self, source, config, params, device, numerics, compiled=False):
-        self.text = generate(source, config, numerics)
+        self.graphs, fused = lower_entries(source, config, fuse=True)
+        self.text = generate_graphs(source, config, self.graphs, numerics, fused)
         module = load_generated(self.text, source.name)()
+        weights = {**params, **stack_params(params, fused)}
         names = module.state_dict().keys()  # tied params are not attributes of their own
-        module.load_state_dict({k: params[k] for k in names}, assign=True)
+        module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
-        self.graphs = {e: dedupe_guards(source.lower(config, e)) for e in source.entries}
         self.inputs = entry_inputs(self.graphs)
         self.state_types = state_types(self.graphs)
         self.methods = {e: getattr(self.module, e) for e in self.graphs}
