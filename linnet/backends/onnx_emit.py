@@ -7,12 +7,14 @@ result (None for guards, which the runtime checks on the host). Runtime dims
 serves every batch, length and position.
 
 Library ops with a native ONNX op (linear, layer_norm, softmax, silu, gelu, conv,
-max_pool, batch_norm) are emitted as that op; the others (rms_norm, rope, attention)
-are decomposed into primitives first (`linnet/ir/library.py`), so ONNX runs the
-reference's math.
+max_pool, batch_norm) are emitted as that op, attention as a short sequence (MatMul, an
+additive 0/-inf bias, Softmax, MatMul); the others (rms_norm, rope) are decomposed into
+primitives first (`linnet/ir/library.py`), so ONNX runs the reference's math.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -259,6 +261,74 @@ def _softmax(a, b, x):
     return _cast_between(b, b.node("Softmax", [h], axis=a["axis"]), "f32", a["dtype"])
 
 
+def _attention(a, b, q, k, v, *extra):
+    """softmax(q k^T * scale + bias) v in a few ONNX ops: GQA by folding each kv head's q
+    heads into rows (k and v are never repeated), the causal/window band and the key
+    padding mask as one small additive bias of 0 / -inf, native Softmax. A query whose keys
+    are all masked gives zeros, as in the reference (Softmax gives NaN there; the output
+    rows are replaced, which is cheaper than touching the scores)."""
+    key_mask = extra[0] if a.get("masked") else None
+    q_positions = (extra[1:] if a.get("masked") else extra) or (None,)
+    bsz, heads, seq, dim = a["q_shape"]
+    kv, keys = a["k_shape"][1], a["k_shape"][2]
+    groups = heads.value // kv.value
+    q5 = b.node("Reshape", [q, b.dims((bsz, kv, groups, seq, dim))])
+    k5 = b.node("Reshape", [k, b.dims((bsz, kv, 1, keys, dim))])
+    v5 = b.node("Reshape", [v, b.dims((bsz, kv, 1, keys, dim))])
+    scores = b.node("MatMul", [q5, b.node("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(dim.value)
+    scores = b.node("Mul", [scores, b.float_const(scale, a["dtype"])])
+    scores = _cast_between(b, scores, a["dtype"], "f32")  # (B, KV, G, S, T)
+    bias = _attention_bias(a, b, q_positions[0], key_mask, bsz, seq, keys)
+    if bias is not None:
+        scores = b.node("Add", [scores, bias])
+    probs = _cast_between(b, b.node("Softmax", [scores], axis=-1), "f32", a["dtype"])
+    out = b.node("MatMul", [probs, v5])  # (B, KV, G, S, D)
+    if key_mask is not None:  # rows with no key left: zeros, not NaN
+        seen = b.node("ReduceMax", [bias, b.const([-1])], keepdims=1)  # (.., S, 1)
+        finite = b.node("Greater", [seen, b.float_const(-math.inf, "f32")])
+        out = b.node("Where", [finite, out, b.float_const(0.0, a["dtype"])])
+    return b.node("Reshape", [out, b.dims((bsz, heads, seq, dim))])
+
+
+def _attention_bias(a, b, q_positions, key_mask, bsz, seq, keys):
+    """0 where a query may see a key, -inf elsewhere: [S, T] for the band, [B, 1, 1, 1, T]
+    for the padding mask, their sum when both apply (small next to the scores)."""
+    zero, never = b.float_const(0.0, "f32"), b.float_const(-math.inf, "f32")
+    bias = None
+    if a["causal"] or a["window"]:
+        if q_positions is None:
+            start = Poly.lift(a["q_offset"])
+            q_positions = b.node("Range", [b.scalar(start), b.scalar(start + seq), b.const(1)])
+        qpos = b.node("Unsqueeze", [q_positions, b.const([1])])  # (S, 1)
+        kpos = b.node("Range", [b.const(0), b.scalar(keys), b.const(1)])  # (T,)
+        allowed = _band(a, b, qpos, kpos)
+        bias = b.node("Where", [allowed, zero, never])
+    if key_mask is not None:
+        keep = b.node("Not", [b.node("Equal", [key_mask, _zero_like(b, a["mask_dtype"])])])
+        keep = b.node("Reshape", [keep, b.dims((bsz, 1, 1, 1, keys))])
+        pad = b.node("Where", [keep, zero, never])
+        bias = pad if bias is None else b.node("Add", [bias, pad])
+    return bias
+
+
+def _band(a, b, qpos, kpos):
+    window = a["window"] or 0
+    if not a["causal"]:  # symmetric: |q - k| <= window // 2
+        half = b.const(window // 2)
+        lo = b.node("GreaterOrEqual", [kpos, b.node("Sub", [qpos, half])])
+        return b.node("And", [lo, b.node("LessOrEqual", [kpos, b.node("Add", [qpos, half])])])
+    allowed = b.node("LessOrEqual", [kpos, qpos])
+    if window:
+        inside = b.node("Greater", [kpos, b.node("Sub", [qpos, b.const(window)])])
+        allowed = b.node("And", [allowed, inside])
+    return allowed
+
+
+def _zero_like(b, dtype: str) -> str:
+    return b.const(False, "bool") if dtype == "bool" else b.const(0, dtype)
+
+
 UNARY = {
     "neg": "Neg",
     "exp": "Exp",
@@ -318,6 +388,7 @@ EMITTERS = {
     "conv": lambda a, b, *xs: b.node("Conv", list(xs), **_window(a)),
     "max_pool": lambda a, b, x: b.node("MaxPool", [x], **_window(a, a["kernel"])),
     "batch_norm": lambda a, b, *xs: b.node("BatchNormalization", list(xs), epsilon=a["eps"]),
+    "attention": _attention,
 }
 for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])
@@ -326,6 +397,7 @@ for _name, _op in BINARY.items():
 
 NATIVE_LIBRARY_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
+    | {"attention"}
 )
 
 
@@ -337,4 +409,8 @@ def emit(node, b: OnnxBuilder, inputs: list[str]) -> str | None:
         attrs["in_dtype"] = node.inputs[0].type.dtype
     if node.output is not None:
         attrs.setdefault("dtype", node.output.type.dtype)
+    if node.op == "attention":
+        attrs["q_shape"], attrs["k_shape"] = node.inputs[0].type.shape, node.inputs[1].type.shape
+        if attrs.get("masked"):
+            attrs["mask_dtype"] = node.inputs[3].type.dtype
     return EMITTERS[node.op](attrs, b, *inputs)
