@@ -286,8 +286,9 @@ def export_ggufs(ckpt: str, dtypes: list[str], out_dir: Path) -> None:
         target = out_dir / f"model-{dtype}.gguf"
         if target.exists():
             continue
-        proc = subprocess.run(["linnet", "export", "gguf", ckpt, "--out", str(target),
-                               "--dtype", dtype], capture_output=True, text=True)
+        # this interpreter's CLI: the venv's bin/ need not be on PATH
+        cmd = [sys.executable, "-m", "linnet.cli", "export", "gguf", ckpt, "--out", str(target)]
+        proc = subprocess.run(cmd + ["--dtype", dtype], capture_output=True, text=True)
         if proc.returncode:
             print(f"  (no llama.cpp baseline in {dtype}: {proc.stderr.strip()[-200:]})")
 
