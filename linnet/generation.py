@@ -3,7 +3,9 @@
 A model mixes in `Generation` and provides `_ids(ids)` (validated ids in its array
 type), `_decode(ids, pos)` (last-position logits, the cache advanced),
 `reset()`, `position`, `_sampler(do_sample, temperature, top_k, **rng)` (a function
-logits -> token ids [B]) and `_concat(parts)` (join along the sequence axis).
+logits -> token ids [B]) and `_concat(parts)` (join along the sequence axis); for the
+cache, `_state_specs(batch)` (name, shape, dtype of each state), `_shape_of(array)` and
+`_new_state(name, shape, dtype)` (zeros in its array type), which `_ensure_state` uses.
 """
 
 from __future__ import annotations
@@ -47,6 +49,21 @@ class Generation:
             if step + 1 < max_new_tokens:
                 logits = self._decode(token[:, None], self.position)  # ids known valid
         return self._concat(out)
+
+    def _ensure_state(self, batch: int, pos: int) -> None:
+        """Zeros for a decode at position 0 (a new prompt, any batch); past 0 the cache must
+        already hold this batch."""
+        for name, shape, dtype in self._state_specs(batch):
+            have = self.state.get(name)
+            if have is not None and tuple(self._shape_of(have)) == shape:
+                continue
+            if pos != 0:
+                why = "is empty" if have is None else "holds another batch"
+                raise LinnetError(
+                    f"decode at position {pos} with batch {batch}, but the cache {why}: "
+                    "call reset() and start at position 0"
+                )
+            self._new_state(name, shape, dtype)
 
 
 def _host(token):

@@ -170,20 +170,17 @@ class JaxDecoder(Generation, JaxModel):
     def _concat(parts) -> jax.Array:
         return jnp.concatenate(parts, axis=1)
 
-    def _ensure_state(self, batch: int, pos: int) -> None:
+    def _state_specs(self, batch: int):
         for entry in self.runner.entries.values():
             for name, value in entry.graph.states.items():
-                shape = state_shape(value.type, batch)
-                have = self.state.get(name)
-                if have is not None and tuple(have.shape) == shape:
-                    continue
-                if pos != 0:
-                    why = "is empty" if have is None else "holds another batch"
-                    raise LinnetError(
-                        f"decode at position {pos} with batch {batch}, but the cache {why}: "
-                        "call reset() and start at position 0"
-                    )
-                self.state[name] = jnp.zeros(shape, numpy_dtype(value.type.dtype))
+                yield name, state_shape(value.type, batch), value.type.dtype
+
+    @staticmethod
+    def _shape_of(x):
+        return x.shape
+
+    def _new_state(self, name: str, shape, dtype: str) -> None:
+        self.state[name] = jnp.zeros(shape, numpy_dtype(dtype))
 
 
 def _pick(logits, do_sample, temperature, top_k, key) -> jax.Array:

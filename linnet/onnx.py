@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from linnet.check.dims import Poly
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.generation import Generation, check_ids
 from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
@@ -189,13 +190,13 @@ class OnnxModel:
                 raise LinnetError(
                     f"`{name}` must have rank {len(spec['shape'])}, got shape {tuple(shape)}"
                 )
-            for terms, size in zip(spec["shape"], shape):
-                if len(terms) == 1 and terms[0][0] == 1 and len(terms[0][1]) == 1:
-                    dims.setdefault(terms[0][1][0], int(size))
-                elif poly_eval(terms, dims) != size:
-                    want = [poly_text(t) for t in spec["shape"]]
+            want = [Poly.from_terms(terms) for terms in spec["shape"]]
+            for dim, size in zip(want, shape):
+                if dim.as_atom() is not None:
+                    dims.setdefault(dim.as_atom(), int(size))
+                elif dim.eval(dims) != size:
                     raise LinnetError(
-                        f"`{name}` must be {spec['dtype']}[{', '.join(want)}], "
+                        f"`{name}` must be {spec['dtype']}[{', '.join(map(str, want))}], "
                         f"got shape {tuple(shape)}"
                     )
         return dims
@@ -255,49 +256,32 @@ class OnnxDecoder(Generation, OnnxModel):
     def _concat(parts) -> np.ndarray:
         return np.concatenate(parts, axis=1)
 
-    def _ensure_state(self, batch: int, pos: int) -> None:
+    def _state_specs(self, batch: int):
+        for name, spec in self.signature["entries"]["decode"]["states"].items():
+            shape = tuple(Poly.from_terms(terms).eval({"B": batch}) for terms in spec["shape"])
+            yield name, shape, spec["dtype"]
+
+    @staticmethod
+    def _shape_of(x):
+        return x.shape()  # an OrtValue
+
+    def _new_state(self, name: str, shape, dtype: str) -> None:
         import onnxruntime as ort
 
-        for name, spec in self.signature["entries"]["decode"]["states"].items():
-            shape = tuple(poly_eval(terms, {"B": batch}) for terms in spec["shape"])
-            have = self.state.get(name)
-            if have is not None and tuple(have.shape()) == shape:
-                continue
-            if pos != 0:
-                why = "is empty" if have is None else "holds another batch"
-                raise LinnetError(
-                    f"decode at position {pos} with batch {batch}, but the cache {why}: "
-                    "call reset() and start at position 0"
-                )
-            zeros = np.zeros(shape, NUMPY_DTYPES[spec["dtype"]])
-            self.state[name] = ort.OrtValue.ortvalue_from_numpy(zeros)
-            self._buffers[name] = zeros  # the OrtValue borrows this memory
+        zeros = np.zeros(shape, NUMPY_DTYPES[dtype])
+        self.state[name] = ort.OrtValue.ortvalue_from_numpy(zeros)
+        self._buffers[name] = zeros  # the OrtValue borrows this memory
 
 
 def _check_guards(guards: list, dims: dict) -> None:
     """The source's `require`s, on the host, with the same message as the other backends."""
     for g in guards:
-        lhs, rhs = poly_eval(g["lhs"], dims), poly_eval(g["rhs"], dims)
-        if lhs > rhs:
+        lhs, rhs = Poly.from_terms(g["lhs"]), Poly.from_terms(g["rhs"])
+        if lhs.eval(dims) > rhs.eval(dims):
             where = f"{g['where']}: " if g["where"] else ""
             raise RuntimeGuardError(
-                f"{where}{g['message']} failed: {g['lhs_text']} = {lhs} > {g['rhs_text']} = {rhs}"
+                f"{where}{g['message']} failed: {lhs} = {lhs.eval(dims)} > {rhs} = {rhs.eval(dims)}"
             )
-
-
-def poly_text(terms: list) -> str:
-    parts = [" * ".join([str(c)] * (c != 1 or not atoms) + atoms) for c, atoms in terms]
-    return " + ".join(parts) or "0"
-
-
-def poly_eval(terms: list, dims: dict[str, int]) -> int:
-    """A dim polynomial as `linnet.json` stores it ([[coef, [atoms]], ...]) at `dims`."""
-    total = 0
-    for coef, atoms in terms:
-        for a in atoms:
-            coef *= dims[a]
-        total += coef
-    return total
 
 
 def _pick(logits: np.ndarray, do_sample: bool, temperature: float, top_k, rng) -> np.ndarray:

@@ -164,20 +164,17 @@ class DecoderModel(Generation, TorchModel):
     def _concat(parts) -> torch.Tensor:
         return torch.cat(parts, dim=1)
 
-    def _ensure_state(self, batch: int, pos: int) -> None:
+    def _state_specs(self, batch: int):
         for name, t in self.runner.state_types.items():
-            shape = [d.eval({"B": batch}) if not d.is_const else d.value for d in t.shape]
-            have = self.state.get(name)
-            if have is None or list(have.shape) != shape:
-                if pos != 0:
-                    why = "is empty" if have is None else "holds another batch"
-                    raise LinnetError(
-                        f"decode at position {pos} with batch {batch}, but the cache {why}: "
-                        "call reset() and start at position 0"
-                    )
-                self.state[name] = torch.zeros(
-                    shape, dtype=TORCH_DTYPES[t.dtype], device=self.device
-                )
+            shape = tuple(d.eval({"B": batch}) if not d.is_const else d.value for d in t.shape)
+            yield name, shape, t.dtype
+
+    @staticmethod
+    def _shape_of(x):
+        return x.shape
+
+    def _new_state(self, name: str, shape, dtype: str) -> None:
+        self.state[name] = torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
 
 
 def _pick(logits, do_sample, temperature, top_k, generator) -> torch.Tensor:

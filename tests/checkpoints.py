@@ -854,6 +854,13 @@ def reference_hidden(ckpt_dir, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
     return out.last_hidden_state, out.pooler_output
 
 
+def valid_delta(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
+    """Shape, dtype, then max |Δ| over the real tokens only."""
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype}"
+    return (got - want)[mask.bool()].abs().max().item()
+
+
 def mean_pooling(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sentence-transformers' mean pooling: the average of the rows the mask keeps."""
     weight = mask[..., None].to(hidden.dtype)

@@ -28,6 +28,7 @@ from tests.checkpoints import (
     mean_pooling,
     padded_batch,
     reference_hidden,
+    valid_delta,
 )
 from tests.test_export_hf import assert_bit_exact
 
@@ -47,13 +48,6 @@ def _batch(model):
     return padded_batch(model.config["vocab"], model.config["pad_id"])
 
 
-def _valid_delta(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    """Shape, dtype, then max |Δ| over the real tokens only."""
-    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype}"
-    return (got - want)[mask.bool()].abs().max().item()
-
-
 @pytest.mark.parametrize(
     "mode,numerics,tol",
     [("interpret", "equivalent", F32_TOL), ("generated", "equivalent", F32_TOL),
@@ -65,7 +59,7 @@ def test_forward_matches_transformers_on_a_padded_batch(built, arch, variant, mo
     model = lt.load(path, mode=mode, numerics=numerics)
     ids, mask = _batch(model)
     want, _ = reference_hidden(path, ids, mask)
-    delta = _valid_delta(model.forward(ids, mask), want, mask)
+    delta = valid_delta(model.forward(ids, mask), want, mask)
     print(f"{arch}/{variant} {mode}/{numerics}: max |Δ| = {delta:.3g}")
     assert delta <= tol, f"max |Δ| {delta:.3g} > {tol}"
 
@@ -82,7 +76,7 @@ def test_padding_does_not_reach_real_tokens(built, arch, variant):
     other = ids.masked_fill(mask == 0, 3)  # other ids at the pads (3 is no pad id here)
     assert model.config["pad_id"] != 3
     changed = model.forward(other, mask)
-    assert _valid_delta(changed, batched, mask) <= 1e-5
+    assert valid_delta(changed, batched, mask) <= 1e-5
 
 
 @pytest.mark.parametrize(("arch", "variant"), VARIANTS, ids=IDS)
@@ -127,7 +121,7 @@ def test_jax_matches_transformers(built, arch, variant):
     ids, mask = padded_batch(model.config["vocab"], model.config["pad_id"])
     want, _ = reference_hidden(path, ids, mask)
     got = torch.from_numpy(np.array(model.forward(ids.numpy(), mask.numpy())))
-    assert _valid_delta(got, want, mask) <= F32_TOL
+    assert valid_delta(got, want, mask) <= F32_TOL
     pooled = torch.from_numpy(np.array(model.embed(ids.numpy(), mask.numpy())))
     assert (pooled - mean_pooling(want, mask)).abs().max().item() <= F32_TOL
 
@@ -181,4 +175,4 @@ def test_a_masked_lm_checkpoint_loads_its_encoder(tmp_path, arch):
     ids, mask = _batch(model)
     with torch.no_grad():
         want = mlm.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert _valid_delta(model.forward(ids, mask), want, mask) <= F32_TOL
+    assert valid_delta(model.forward(ids, mask), want, mask) <= F32_TOL

@@ -27,6 +27,7 @@ from tests.checkpoints import (
     mean_pooling,
     padded_batch,
     reference_modernbert,
+    valid_delta,
 )
 from tests.test_export_hf import assert_bit_exact
 
@@ -46,13 +47,6 @@ def _batch():
     return padded_batch(128, 0)
 
 
-def _valid_delta(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    """Shape, dtype, then max |Δ| over the real tokens only."""
-    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype}"
-    return (got - want)[mask.bool()].abs().max().item()
-
-
 @pytest.mark.parametrize(
     "mode,numerics,tol",
     [("interpret", "equivalent", F32_TOL), ("generated", "equivalent", F32_TOL),
@@ -63,7 +57,7 @@ def test_forward_matches_transformers_on_a_padded_batch(built, variant, mode, nu
     path = built(variant)
     model = lt.load(path, mode=mode, numerics=numerics)
     ids, mask = _batch()
-    delta = _valid_delta(model.forward(ids, mask), reference_modernbert(path, ids, mask), mask)
+    delta = valid_delta(model.forward(ids, mask), reference_modernbert(path, ids, mask), mask)
     print(f"ModernBertModel/{variant} {mode}/{numerics}: max |Δ| = {delta:.3g}")
     assert delta <= tol, f"max |Δ| {delta:.3g} > {tol}"
 
@@ -126,7 +120,7 @@ def test_window_theta_and_layer_kinds_each_change_the_output(built, tmp_path, ch
     ids, mask = _batch()
     want = reference_modernbert(path, ids, mask)
     wrong = lt.load(_edited(path, tmp_path / "wrong", **changes))
-    delta = _valid_delta(wrong.forward(ids, mask), want, mask)
+    delta = valid_delta(wrong.forward(ids, mask), want, mask)
     assert delta > 100 * F32_TOL, f"{changes}: max |Δ| only {delta:.3g}"
 
 
@@ -138,7 +132,7 @@ def test_jax_matches_transformers(built):
     ids, mask = _batch()
     want = reference_modernbert(path, ids, mask)
     got = torch.from_numpy(np.array(model.forward(ids.numpy(), mask.numpy())))
-    assert _valid_delta(got, want, mask) <= F32_TOL
+    assert valid_delta(got, want, mask) <= F32_TOL
     pooled = torch.from_numpy(np.array(model.embed(ids.numpy(), mask.numpy())))
     assert (pooled - mean_pooling(want, mask)).abs().max().item() <= F32_TOL
 
@@ -161,7 +155,7 @@ def test_a_masked_lm_checkpoint_loads_its_encoder(built):
     path = built("base", masked_lm=True)
     model = lt.load(path)
     ids, mask = _batch()
-    assert _valid_delta(model.forward(ids, mask), reference_modernbert(path, ids, mask), mask) <= (
+    assert valid_delta(model.forward(ids, mask), reference_modernbert(path, ids, mask), mask) <= (
         F32_TOL
     )
 

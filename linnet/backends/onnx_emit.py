@@ -73,8 +73,8 @@ class OnnxBuilder:
             self._consts[key] = name
         return self._consts[key]
 
-    def float_const(self, value, dtype: str) -> str:
-        """A float constant in `dtype`; bf16 (which numpy lacks) is cast from f32."""
+    def typed_const(self, value, dtype: str) -> str:
+        """A constant in any Core-IR dtype; bf16 (which numpy lacks) is cast from f32."""
         if dtype != "bf16":
             return self.const(value, dtype)
         return self.node("Cast", [self.const(value, "f32")], to=ONNX_DTYPES["bf16"])
@@ -121,9 +121,7 @@ class OnnxBuilder:
 
 # -- emitters ----------------------------------------------------------------------------
 def _const(a, b, *_):
-    if a["dtype"] in ("f32", "f16", "bf16"):
-        return b.float_const(a["value"], a["dtype"])
-    return b.const(a["value"], a["dtype"])
+    return b.typed_const(a["value"], a["dtype"])
 
 
 def _iota(a, b):
@@ -161,11 +159,7 @@ def _slice(a, b, x, shape=None):
 
 def _pad(a, b, x):
     pads = [lo for lo, _ in a["pads"]] + [hi for _, hi in a["pads"]]
-    value = (
-        b.float_const(a["value"], a["dtype"])
-        if a["dtype"] in ("f32", "f16", "bf16")
-        else (b.const(a["value"], a["dtype"]))
-    )
+    value = b.typed_const(a["value"], a["dtype"])
     return b.node("Pad", [x, b.const(pads), value], mode="constant")
 
 
@@ -277,7 +271,7 @@ def _attention(a, b, q, k, v, *extra):
     v5 = b.node("Reshape", [v, b.dims((bsz, kv, 1, keys, dim))])
     scores = b.node("MatMul", [q5, b.node("Transpose", [k5], perm=[0, 1, 2, 4, 3])])
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(dim.value)
-    scores = b.node("Mul", [scores, b.float_const(scale, a["dtype"])])
+    scores = b.node("Mul", [scores, b.typed_const(scale, a["dtype"])])
     scores = _cast_between(b, scores, a["dtype"], "f32")  # (B, KV, G, S, T)
     bias = _attention_bias(a, b, q_positions[0], key_mask, bsz, seq, keys)
     if bias is not None:
@@ -286,15 +280,15 @@ def _attention(a, b, q, k, v, *extra):
     out = b.node("MatMul", [probs, v5])  # (B, KV, G, S, D)
     if key_mask is not None:  # rows with no key left: zeros, not NaN
         seen = b.node("ReduceMax", [bias, b.const([-1])], keepdims=1)  # (.., S, 1)
-        finite = b.node("Greater", [seen, b.float_const(-math.inf, "f32")])
-        out = b.node("Where", [finite, out, b.float_const(0.0, a["dtype"])])
+        finite = b.node("Greater", [seen, b.typed_const(-math.inf, "f32")])
+        out = b.node("Where", [finite, out, b.typed_const(0.0, a["dtype"])])
     return b.node("Reshape", [out, b.dims((bsz, heads, seq, dim))])
 
 
 def _attention_bias(a, b, q_positions, key_mask, bsz, seq, keys):
     """0 where a query may see a key, -inf elsewhere: [S, T] for the band, [B, 1, 1, 1, T]
     for the padding mask, their sum when both apply (small next to the scores)."""
-    zero, never = b.float_const(0.0, "f32"), b.float_const(-math.inf, "f32")
+    zero, never = b.typed_const(0.0, "f32"), b.typed_const(-math.inf, "f32")
     bias = None
     if a["causal"] or a["window"]:
         if q_positions is None:
@@ -305,7 +299,7 @@ def _attention_bias(a, b, q_positions, key_mask, bsz, seq, keys):
         allowed = _band(a, b, qpos, kpos)
         bias = b.node("Where", [allowed, zero, never])
     if key_mask is not None:
-        keep = b.node("Not", [b.node("Equal", [key_mask, _zero_like(b, a["mask_dtype"])])])
+        keep = b.node("Not", [b.node("Equal", [key_mask, b.typed_const(0, a["mask_dtype"])])])
         keep = b.node("Reshape", [keep, b.dims((bsz, 1, 1, 1, keys))])
         pad = b.node("Where", [keep, zero, never])
         bias = pad if bias is None else b.node("Add", [bias, pad])
@@ -323,10 +317,6 @@ def _band(a, b, qpos, kpos):
         inside = b.node("Greater", [kpos, b.node("Sub", [qpos, b.const(window)])])
         allowed = b.node("And", [allowed, inside])
     return allowed
-
-
-def _zero_like(b, dtype: str) -> str:
-    return b.const(False, "bool") if dtype == "bool" else b.const(0, dtype)
 
 
 UNARY = {

@@ -130,17 +130,11 @@ def _named_output(b: OnnxBuilder, value: str, name: str, v) -> TensorProto:
 
 
 # -- dims and guards as JSON (the loader evaluates them without the source) --------------
-def poly_to_json(p) -> list:
-    return [[coef, list(mono)] for mono, coef in Poly.lift(p).terms]
-
-
 def guard_json(node: Node) -> dict:
     a = node.attrs
     return {
-        "lhs": poly_to_json(a["lhs"]),
-        "rhs": poly_to_json(a["rhs"]),
-        "lhs_text": str(a["lhs"]),
-        "rhs_text": str(a["rhs"]),
+        "lhs": Poly.lift(a["lhs"]).to_terms(),
+        "rhs": Poly.lift(a["rhs"]).to_terms(),
         "message": a["message"],
         "where": node.where,
     }
@@ -151,7 +145,7 @@ def signature(entry: Entry) -> dict:
     g = entry.graph
 
     def spec(t):
-        return {"dtype": t.dtype, "shape": [poly_to_json(d) for d in t.shape]}
+        return {"dtype": t.dtype, "shape": [Poly.lift(d).to_terms() for d in t.shape]}
 
     return {
         "inputs": {v.name: spec(v.type) for v in g.inputs},

@@ -32,6 +32,15 @@ class Poly:
         return Poly(tuple(sorted((m, c) for m, c in acc.items() if c)))
 
     @staticmethod
+    def from_terms(terms) -> Poly:
+        """A polynomial from (coefficient, atoms) pairs, as JSON stores `terms`."""
+        return Poly._make({tuple(atoms): int(coef) for coef, atoms in terms})
+
+    def to_terms(self) -> list:
+        """[[coefficient, [atoms]], ...]: `terms` in a form JSON keeps."""
+        return [[coef, list(mono)] for mono, coef in self.terms]
+
+    @staticmethod
     def lift(value: Poly | int) -> Poly:
         return value if isinstance(value, Poly) else Poly.const(value)
 
