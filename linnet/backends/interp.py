@@ -20,7 +20,7 @@ from linnet.backends.torch_emit import Spell, emit
 from linnet.check.dims import Poly
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
-from linnet.ir.passes import inplace_updates
+from linnet.ir.passes import dying_values, inplace_updates
 
 TORCH_DTYPES = {
     "f32": torch.float32,
@@ -97,6 +97,7 @@ class Interpreter:
             self.fixed[slot(v)] = params[name]
         self.steps = []
         inplace = inplace_updates(graph)
+        dying = dying_values(graph)
         for index, node in enumerate(graph.nodes):
             ins = [slot(v) for v in node.inputs]
             out = None if node.output is None else slot(node.output)
@@ -116,7 +117,8 @@ class Interpreter:
             if out is not None and _foldable(node) and all(i in self.fixed for i in ins):
                 self.fixed[out] = fn({}, *[self.fixed[i] for i in ins])  # params only: once
                 continue
-            self.steps.append((fn, ins, out))
+            frees = [slots[v] for v in dying.get(index, [])]  # see `dying_values`
+            self.steps.append((fn, ins, out, frees))
         self.output_slots = [slots[v] for v in graph.outputs]
         self.state_out_slots = {k: slots[v] for k, v in graph.state_outputs.items()}
         self.n_slots = len(slots)
@@ -155,10 +157,12 @@ class Interpreter:
             env[i] = t
         for name, i in self.state_slots.items():
             env[i] = states[name]
-        for fn, ins, out in self.steps:
+        for fn, ins, out, frees in self.steps:
             result = fn(dims, *[env[i] for i in ins])
             if out is not None:
                 env[out] = result
+            for i in frees:
+                env[i] = None
         outputs = [env[i] for i in self.output_slots]
         for name, i in self.state_out_slots.items():
             buffer = states[name]

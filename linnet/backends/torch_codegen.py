@@ -19,7 +19,7 @@ from linnet.backends.emit import Lines
 from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Spell, emit
 from linnet.ir.fusion import fuse_linears
 from linnet.ir.graph import Graph
-from linnet.ir.passes import dedupe_guards, inplace_updates, verify
+from linnet.ir.passes import dedupe_guards, dying_values, inplace_updates, verify
 from linnet.source import Source
 
 HEADER = '''"""{title}
@@ -85,6 +85,8 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     for sname, v in graph.states.items():
         names[v] = sname
     inplace = inplace_updates(graph)
+    dying = dying_values(graph)
+    temps = set()  # the method's own temporaries (not params, inputs or state)
     for index, node in enumerate(graph.nodes):
         if node.op == "update_slice":
             node = type(node)(
@@ -99,15 +101,16 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
         var = None if out is None else f"t{out.id}"
         if isinstance(text, Lines):
             lines += [f"        {line}" for line in text.lines]
-            if out is not None:
-                if text.value in graph.states:
-                    names[out] = text.value  # written in place: same buffer
-                    continue
-                lines.append(f"        {var} = {text.value}{_shape_comment(out)}")
-        else:
+            text = text.value
+        if out is not None and text in graph.states:
+            names[out] = text  # written in place: same buffer
+        elif out is not None:
             lines.append(f"        {var} = {text}{_shape_comment(out)}")
-        if out is not None:
             names[out] = var
+            temps.add(var)
+        dead = [names[v] for v in dying.get(index, []) if names.get(v) in temps]
+        if dead:  # free each temporary after its last use (see `dying_values`)
+            lines.append(f"        del {', '.join(dead)}")
     for sname, v in graph.state_outputs.items():
         if names[v] != sname:
             lines.append(f"        {sname}.copy_({names[v]})")

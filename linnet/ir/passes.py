@@ -110,6 +110,30 @@ def inplace_updates(graph: Graph) -> set[int]:
     return safe
 
 
+def dying_values(graph: Graph) -> dict[int, list]:
+    """node index -> the values computed in the graph whose last use is that node.
+
+    Straight-line code that keeps every temporary until it returns holds a whole
+    forward's activations at once (SmolLM2 at S=128: ~150 MB), and the allocator then
+    hands back fresh, page-faulting memory on every call; freeing each temporary after
+    its last use keeps the working set at a layer's worth. Inputs, params, states and
+    the graph's outputs are never listed."""
+    keep = set(graph.outputs) | set(graph.state_outputs.values())
+    last: dict = {}
+    made = set()
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+        if node.output is not None:
+            made.add(node.output)
+            last.setdefault(node.output, i)  # never read: dies where it is made
+    dying: dict[int, list] = {}
+    for v, i in last.items():
+        if v in made and v not in keep:
+            dying.setdefault(i, []).append(v)
+    return dying
+
+
 class VerifyError(AssertionError):
     pass
 
