@@ -16,12 +16,14 @@ class Lines:
 
 def node_attrs(node) -> dict:
     """A node's attrs plus what emitters need to know beyond them: a guard's source
-    position, the sizes of a state write, the head dim of a rope."""
+    position, the sizes of a state write, the head dim of a rope, a linear's dtype."""
     attrs = dict(node.attrs)
     if node.op == "guard":
         attrs["where"] = node.where
     elif node.op in ("update_slice", "update_rows"):
         attrs["sizes"] = node.inputs[1].type.shape
+    elif node.op == "linear":
+        attrs["dtype"] = node.inputs[0].type.dtype
     elif node.op == "rope":
         attrs["head_dim"] = node.inputs[0].type.shape[-1].value
     return attrs

@@ -167,7 +167,8 @@ def _gelu(a, s, x):
 
 
 def _linear(a, s, x, w, b=None):
-    return f"F.linear({x}, {w}, {b})" if b is not None else f"F.linear({x}, {w})"
+    fn = "linear_lowp" if a.get("dtype") in ("bf16", "f16") else "F.linear"
+    return f"{fn}({x}, {w}, {b})" if b is not None else f"{fn}({x}, {w})"
 
 
 UNARY_TEXT = {

@@ -22,6 +22,41 @@ def _guard(lhs, rhs, message, lhs_text, rhs_text, error=GuardError):
         raise error(f"{message} failed: {lhs_text} = {lhs} > {rhs_text} = {rhs}")
 
 
+# -- bf16/f16 linears on CPUs without bf16/f16 dot products ------------------------------
+def _cpu_has_lowp_dot(dtype):
+    """Whether this CPU multiplies `dtype` natively (AVX512-BF16, AMX, AVX512-FP16)."""
+    cpu = getattr(torch, "cpu", None)
+    probes = {
+        torch.bfloat16: ("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
+        torch.float16: ("_is_avx512_fp16_supported", "_is_amx_fp16_supported"),
+    }[dtype]
+    return any(getattr(cpu, name, lambda: False)() for name in probes)
+
+
+_LOWP_NATIVE = {dt: _cpu_has_lowp_dot(dt) for dt in (torch.bfloat16, torch.float16)}
+_LOWP_MIN_ROWS = 16  # below this (decode) the native GEMV reads half the bytes and wins
+_LOWP_CHUNK = 1 << 21  # weight elements widened at a time: 8 MB of f32, cache-sized
+
+
+def linear_lowp(x, w, b=None):
+    """x @ w^T + b for bf16/f16 x and w. Where the CPU has no bf16/f16 dot product, the
+    native kernel widens every tile to f32 on each use and runs 3-4x slower than f32 GEMM;
+    over many rows, widening each block of output features once and running f32 GEMM
+    gives the same products (exact in f32) and f32 sums, rounded once to x's dtype."""
+    rows = x.numel() // x.shape[-1]
+    if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
+        return F.linear(x, w, b)
+    x2 = x.reshape(rows, x.shape[-1]).float()
+    out = torch.empty(rows, w.shape[0], dtype=x.dtype)
+    step = max(1, _LOWP_CHUNK // w.shape[1])
+    for lo in range(0, w.shape[0], step):
+        part = torch.mm(x2, w[lo : lo + step].float().t())
+        if b is not None:
+            part += b[lo : lo + step]
+        out[:, lo : lo + step] = part
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
 # -- numerics="equivalent": the reference decompositions, op for op ----------------------
 def rms_norm_ref(x, w, eps):
     h = x.float()
