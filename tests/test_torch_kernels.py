@@ -93,7 +93,7 @@ def test_dying_values_never_lists_inputs_params_states_or_outputs():
         for v in node.inputs:
             last_read[v] = i
     for i, values in dying_values(graph).items():
-        assert all(last_read.get(v, i) == i for v in values)
+        assert all(last_read.get(v, i) <= i for v in values)
 
 
 # -- linear_lowp ---------------------------------------------------------------------------

@@ -111,26 +111,33 @@ def inplace_updates(graph: Graph) -> set[int]:
 
 
 def dying_values(graph: Graph) -> dict[int, list]:
-    """node index -> the values computed in the graph whose last use is that node.
+    """node index -> the values computed in the graph that are dead after that node.
 
     Straight-line code that keeps every temporary until it returns holds a whole
     forward's activations at once (SmolLM2 at S=128: ~150 MB), and the allocator then
-    hands back fresh, page-faulting memory on every call; freeing each temporary after
-    its last use keeps the working set at a layer's worth. Inputs, params, states and
-    the graph's outputs are never listed."""
+    hands back fresh, page-faulting memory on every call; freeing temporaries after
+    their last use keeps the working set at a layer's worth. A value and the views made
+    of it (`VIEW_OPS`) share storage, so they are listed together, where the last of
+    them dies: that is when the memory can go. Inputs, params, states, the graph's
+    outputs and any view of them are never listed."""
     keep = set(graph.outputs) | set(graph.state_outputs.values())
+    root: dict = {}  # value -> the value whose storage it may share
     last: dict = {}
-    made = set()
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
-            last[v] = i
-        if node.output is not None:
-            made.add(node.output)
-            last.setdefault(node.output, i)  # never read: dies where it is made
+            last[root.get(v, v)] = i
+        out = node.output
+        if out is not None:
+            base = node.inputs[0] if node.op in VIEW_OPS else out
+            root[out] = root.get(base, base)
+            last.setdefault(root[out], i)  # never read: dies where it is made
+    groups: dict = {}
+    for v, r in root.items():
+        groups.setdefault(r, []).append(v)
     dying: dict[int, list] = {}
-    for v, i in last.items():
-        if v in made and v not in keep:
-            dying.setdefault(i, []).append(v)
+    for r, members in groups.items():
+        if r in root and not keep.intersection(members):  # made here, and nothing kept
+            dying.setdefault(last[r], []).extend(members)
     return dying
 
 
