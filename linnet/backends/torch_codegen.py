@@ -51,6 +51,11 @@ def class_name(source_name: str) -> str:
     return "".join(w[:1].upper() + w[1:] for w in re.split(r"[^A-Za-z0-9]", source_name) if w)
 
 
+def state_ident(name: str) -> str:
+    """A state's name as a Python identifier: a split part `kv.3.1` is `kv_3_1`."""
+    return name.replace(".", "_")
+
+
 def _shape_comment(value) -> str:
     dims = ", ".join(str(d) for d in value.type.shape)
     return f"  # ({dims}) {value.type.dtype}" if value.type.shape else f"  # {value.type.dtype}"
@@ -62,9 +67,10 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     args = [v.name for v in graph.inputs] + list(graph.dim_inputs)
     # state comes in as arguments (default: the module's own buffers), so torch.compile
     # sees it as an input rather than a fixed attribute
-    sig = ", ".join(["self"] + args + [f"{s}=None" for s in graph.states])
+    idents = {state_ident(s): s for s in graph.states}
+    sig = ", ".join(["self"] + args + [f"{s}=None" for s in idents])
     lines = [f"    def {name}({sig}):"]
-    for sname in graph.states:
+    for sname in idents:
         lines.append(f"        {sname} = self.{sname} if {sname} is None else {sname}")
     for v in graph.inputs:
         names[v] = v.name
@@ -83,7 +89,7 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     for pname, v in graph.params.items():
         names[v] = attr_path(pname)
     for sname, v in graph.states.items():
-        names[v] = sname
+        names[v] = state_ident(sname)
     inplace = inplace_updates(graph)
     dying = dying_values(graph)
     temps = set()  # the method's own temporaries (not params, inputs or state)
@@ -102,7 +108,7 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
         if isinstance(text, Lines):
             lines += [f"        {line}" for line in text.lines]
             text = text.value
-        if out is not None and text in graph.states:
+        if out is not None and text in idents:
             names[out] = text  # written in place: same buffer
         elif out is not None:
             lines.append(f"        {var} = {text}{_shape_comment(out)}")
@@ -112,13 +118,13 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
         if dead:  # free each temporary after its last use (see `dying_values`)
             lines.append(f"        del {', '.join(dead)}")
     for sname, v in graph.state_outputs.items():
-        if names[v] != sname:
-            lines.append(f"        {sname}.copy_({names[v]})")
+        if names[v] != state_ident(sname):
+            lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
     lines.append(f"        return {', '.join(names[v] for v in graph.outputs)}")
     return lines
 
 
-def emit_init(source: Source, config: dict, spell: Spell, fused: dict) -> list[str]:
+def emit_init(source: Source, config: dict, spell: Spell, fused: dict, states) -> list[str]:
     layout = source.params(config)
     lines = ["    def __init__(self):", "        super().__init__()"]
     containers = set()
@@ -148,8 +154,8 @@ def emit_init(source: Source, config: dict, spell: Spell, fused: dict) -> list[s
         lines.append(f"        cos, sin = rope_tables({args})")
         lines.append(f'        self.register_buffer("{table}_cos", cos, persistent=False)')
         lines.append(f'        self.register_buffer("{table}_sin", sin, persistent=False)')
-    for state in source.module.states:
-        lines.append(f"        self.{state.name} = None  # allocated by reset(batch)")
+    for state in states:
+        lines.append(f"        self.{state_ident(state)} = None  # allocated by reset(batch)")
     return lines
 
 
@@ -166,7 +172,7 @@ def emit_reset(graphs: dict) -> list[str]:
     for name, v in states.items():
         dims = _tuple(v.type.shape)
         lines.append(
-            f"        self.{name} = torch.zeros({dims}, "
+            f"        self.{state_ident(name)} = torch.zeros({dims}, "
             f"dtype={TORCH_DTYPE_NAMES[v.type.dtype]}, device={device})"
         )
     if not states:
@@ -225,5 +231,7 @@ def generate_graphs(
         f'    """The `{source.name}` source for one config; params named like the source."""',
         "",
     ]
-    body += emit_init(source, config, spell, fused or {}) + [""] + emit_reset(graphs) + methods
+    states = {s: None for g in graphs.values() for s in g.states}
+    init = emit_init(source, config, spell, fused or {}, states)
+    body += init + [""] + emit_reset(graphs) + methods
     return "\n".join(body) + "\n"

@@ -19,9 +19,15 @@ import types
 import torch
 
 from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import class_name, generate_graphs, lower_entries
+from linnet.backends.torch_codegen import (
+    class_name,
+    generate_graphs,
+    lower_entries,
+    state_ident,
+)
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose, dedupe_guards, verify
+from linnet.ir.state_split import split_states
 from linnet.source import Source
 
 MODES = ("interpret", "generated", "compile", "cudagraphs")
@@ -90,10 +96,15 @@ def stack_params(params: dict, fused: dict) -> dict:
 
 
 class GeneratedRunner:
-    """The generated module; linears that share an input run as one (`fuse_linears`)."""
+    """The generated module; linears that share an input run as one (`fuse_linears`), and
+    states split per leading index (`split_states`: the KV cache per layer and k/v), so a
+    cache write is one slice of one part; under torch.compile a write into one tensor of
+    the whole cache made Inductor copy all of it on every step (47 MB for SmolLM2)."""
 
     def __init__(self, source, config, params, device, numerics, compiled=False):
-        self.graphs, fused = lower_entries(source, config, fuse=True)
+        graphs, fused = lower_entries(source, config, fuse=True)
+        self.state_types = state_types(graphs)  # what the model holds: whole states
+        self.graphs, self.parts = split_entry_states(graphs)
         self.text = generate_graphs(source, config, self.graphs, numerics, fused)
         module = load_generated(self.text, source.name)()
         weights = {**params, **stack_params(params, fused)}
@@ -101,16 +112,51 @@ class GeneratedRunner:
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
         self.inputs = entry_inputs(self.graphs)
-        self.state_types = state_types(self.graphs)
         self.methods = {e: getattr(self.module, e) for e in self.graphs}
+        self._views: dict = {}  # whole state name -> (tensor, {part ident: view})
         if compiled:
             # dynamic shapes: one graph for every decode position and prompt length
             self.methods = {e: torch.compile(m, dynamic=True) for e, m in self.methods.items()}
 
+    def state_args(self, graph, state: dict) -> dict:
+        """The entry's state arguments: whole states as given, split ones as views of the
+        whole (made once per state tensor)."""
+        args = {}
+        for name in graph.states:
+            if name in state:
+                args[state_ident(name)] = state[name]
+        for whole, parts in self.parts.items():
+            if next(iter(parts)) not in graph.states:
+                continue  # this entry does not take that state
+            tensor = state[whole]
+            cached = self._views.get(whole)
+            if cached is None or cached[0] is not tensor:
+                views = {state_ident(p): tensor[coord] for p, coord in parts.items()}
+                self._views[whole] = cached = (tensor, views)
+            args.update(cached[1])
+        return args
+
     def run(self, entry, inputs, dims, state):
         graph = self.graphs[entry]
         dim_args = [dims[k] for k in graph.dim_inputs]
-        return self.methods[entry](*inputs, *dim_args, **{s: state[s] for s in graph.states})
+        return self.methods[entry](*inputs, *dim_args, **self.state_args(graph, state))
+
+
+def split_entry_states(graphs: dict) -> tuple[dict, dict]:
+    """Each entry with its states split; and whole state -> {part name: index tuple}. An
+    entry that cannot split a state the others split keeps them all whole."""
+    split = {e: split_states(g) for e, g in graphs.items()}
+    parts: dict = {}
+    for _, names in split.values():
+        for whole, part_names in names.items():
+            parts.setdefault(whole, {}).update(
+                {p: tuple(int(i) for i in p[len(whole) + 1 :].split(".")) for p in part_names}
+            )
+    whole_somewhere = {s for e, (_, names) in split.items() for s in graphs[e].states
+                       if s not in names}
+    if whole_somewhere & parts.keys():
+        return graphs, {}
+    return {e: g for e, (g, _) in split.items()}, parts
 
 
 def make_runner(mode: str, source, config, params, device, numerics):
