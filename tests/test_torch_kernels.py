@@ -4,7 +4,8 @@
   them and the interpreter drops them, so a forward holds about one layer's activations,
   not the whole model's.
 - bf16/f16 linears over many rows run as f32 GEMM on CPUs without bf16/f16 dot products
-  (`linear_lowp`): the same products and f32 sums as the native kernel, rounded once.
+  (`linear_lowp`): the same products and f32 sums as the native kernel, rounded once;
+  one row (a decode step) takes ATen's GEMV; one-query attention runs the f32 kernel.
 """
 
 from __future__ import annotations
@@ -104,16 +105,17 @@ def widened(x, w, b=None):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_lowp_is_f32_gemm_rounded_once(monkeypatch, dtype, bias):
+@pytest.mark.parametrize("rows", [24, 1])  # a prefill (chunked f32 GEMM), a decode (GEMV)
+def test_linear_lowp_is_f32_gemm_rounded_once(monkeypatch, dtype, bias, rows):
     monkeypatch.setitem(torch_prelude._LOWP_NATIVE, dtype, False)
     monkeypatch.setattr(torch_prelude, "_LOWP_CHUNK", 7 * 40)  # 7 rows of w per chunk
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 24, 40, generator=g).to(dtype)
+    x = torch.randn(2 if rows > 1 else 1, rows, 40, generator=g).to(dtype)
     w = torch.randn(53, 40, generator=g).to(dtype)  # 53 = 7 * 7 + 4: a ragged last chunk
     b = torch.randn(53, generator=g).to(dtype) if bias else None
     got = torch_prelude.linear_lowp(x, w, b)
     want = widened(x, w, b)
-    assert got.shape == (2, 24, 53) and got.dtype == dtype
+    assert got.shape == (*x.shape[:-1], 53) and got.dtype == dtype
     # f32 sums in another order may round the other way: at most one unit in the last place
     ulp = torch.finfo(dtype).eps * want.float().abs().clamp_min(1.0)
     assert ((got.float() - want.float()).abs() <= ulp).all()
@@ -168,3 +170,21 @@ def test_bf16_generated_mode_matches_transformers_on_real_weights(
         got = model.decode(ids, 0).float()
         assert int(got.argmax()) == int(want.argmax())
         assert (got - want).abs().max().item() <= tol.max_abs
+        # one decode step (a GEMV per linear, one-query attention) after the prompt
+        ids = torch.cat([ids, want.argmax(-1, keepdim=True)], dim=1)
+        with torch.no_grad():
+            want = reference(input_ids=ids).logits[:, -1].float()
+        got = model.decode(ids[:, -1:], ids.shape[1] - 1).float()
+        assert (got - want).abs().max().item() <= tol.max_abs
+        top = len(set(got.topk(5).indices[0].tolist()) & set(want.topk(5).indices[0].tolist()))
+        assert top >= tol.top5  # bf16 can swap near-tied tokens: the gate's top-5 measure
+
+
+def test_one_query_lowp_attention_runs_the_f32_kernel(monkeypatch):
+    monkeypatch.setitem(torch_prelude._LOWP_NATIVE, torch.bfloat16, False)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, h, n, 16, generator=g) for h, n in ((6, 1), (2, 11), (2, 11)))
+    lowp = [t.bfloat16() for t in (q, k, v)]
+    got = torch_prelude.attention_fast(*lowp, True, 10, 0, 0.25)
+    want = torch_prelude.attention_fast(*(t.float() for t in lowp), True, 10, 0, 0.25)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())

@@ -212,6 +212,11 @@ def rope_fast(x, cos, sin, offset):
 
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     s, t = q.shape[2], k.shape[2]
+    if s == 1 and q.device.type == "cpu" and q.dtype in _LOWP_NATIVE and not _LOWP_NATIVE[q.dtype]:
+        # one query over a bf16/f16 cache: the f32 kernel is 2-4x faster on such CPUs
+        out = attention_fast(q.float(), k.float(), v.float(), causal, q_offset, window, scale,
+                             key_mask)
+        return out.to(q.dtype)
     static = isinstance(q_offset, torch.Tensor)  # keys cover the whole cache: mask them
     if window or static or (causal and s > 1 and t != s) or key_mask is not None:
         mask = torch.ones(s, t, dtype=torch.bool, device=q.device)
