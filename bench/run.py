@@ -10,7 +10,9 @@ S=128 and S=512, and decode throughput (128-token prompt, 128 new greedy tokens,
 prefill excluded). Compile time is reported apart from steady-state figures (JAX rows:
 generated JAX under jit in both numerics, and StableHLO exports with their export time).
 Results go to bench/results/latest.json (machine, versions, every figure, the
-ratio to each baseline) and a table is printed. No test asserts a time.
+ratio to each baseline), rewritten after every row, and a table is printed; `--merge`
+keeps the rows of an earlier run that this one does not measure (e.g. `--dtypes bf16`
+after an f32 run; `runs` records each run's machine and bandwidth). No test asserts a time.
 """
 
 from __future__ import annotations
@@ -300,6 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of --out that this run does not measure")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -325,8 +329,17 @@ def main(argv=None) -> int:
     report = {"machine": machine(), "versions": versions(PACKAGES), "model": args.model,
               "checkpoint": ckpt, "bandwidth_gb_s": gbs, "prompt": args.prompt,
               "new_tokens": args.new, "results": {}}
+    if args.merge and args.out.exists():  # keep the other rows of an earlier run
+        earlier = json.loads(args.out.read_text())
+        report["results"] = earlier.get("results", {})
+        report["model_bytes"] = earlier.get("model_bytes", {})
+        report["runs"] = earlier.get("runs", [])
+    report.setdefault("runs", []).append(
+        {"dtypes": dtypes, "methods": methods, "machine": report["machine"],
+         "bandwidth_gb_s": gbs})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for dtype in dtypes:
-        report["results"][dtype] = rows = {}
+        rows = report["results"].setdefault(dtype, {})
         report.setdefault("model_bytes", {})[dtype] = model_bytes(ckpt, dtype)
         roofline = gbs * 1e9 / report["model_bytes"][dtype]
         for method in methods:
@@ -334,9 +347,9 @@ def main(argv=None) -> int:
             rows[method] = measure(method, ckpt, dtype, gguf_dir, args)
             if "decode_tok_s" in rows[method]:
                 rows[method]["roofline_fraction"] = rows[method]["decode_tok_s"] / roofline
-        add_ratios(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+            add_ratios(rows)
+            # written after every row: a long run stopped part way keeps what it measured
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     print(f"\nwrote {args.out}")
     return 0
