@@ -7,7 +7,8 @@
 
 For every method (each in its own process) and dtype: forward latency at B=1,
 S=128 and S=512, and decode throughput (128-token prompt, 128 new greedy tokens,
-prefill excluded). Compile time is reported apart from steady-state figures (JAX rows:
+prefill excluded; the median of --repeats generations, since one generation on this VM
+varies by 20-30%). Compile time is reported apart from steady-state figures (JAX rows:
 generated JAX under jit in both numerics, and StableHLO exports with their export time).
 Results go to bench/results/latest.json (machine, versions, every figure, the
 ratio to each baseline), rewritten after every row, and a table is printed; `--merge`
@@ -83,7 +84,7 @@ def worker_linnet(ckpt: str, dtype: str, mode: str, numerics: str, args) -> dict
             out[f"forward_{s}_ms"] = 1e3 * _timeit(lambda ids=ids: model.forward(ids), args.repeats)
     ids = _prompt(vocab, args.prompt)
     first = _timeit(lambda: model.generate(ids, 1), args.repeats)
-    full = _timeit(lambda: model.generate(ids, args.new + 1), 1)
+    full = _timeit(lambda: model.generate(ids, args.new + 1), args.repeats)
     out["decode_tok_s"] = args.new / (full - first)
     out["prefill_ms"] = 1e3 * first
     return out
@@ -138,7 +139,7 @@ def worker_jax(ckpt: str, dtype: str, kind: str, numerics: str, args) -> dict:
         out[f"forward_{s}_ms"] = 1e3 * _timeit(lambda ids=ids: forward(ids), args.repeats)
     ids = prompt(vocab, args.prompt)
     first = _timeit(lambda: generate(ids, 1), args.repeats)
-    full = _timeit(lambda: generate(ids, args.new + 1), 1)
+    full = _timeit(lambda: generate(ids, args.new + 1), args.repeats)
     out["decode_tok_s"] = args.new / (full - first)
     out["prefill_ms"] = 1e3 * first
     out["compilations"] = model.compilations
@@ -175,7 +176,7 @@ def worker_transformers(ckpt: str, dtype: str, compiled: bool, args) -> dict:
             out[f"forward_{s}_ms"] = 1e3 * _timeit(lambda ids=ids: model(ids), args.repeats)
         ids = _prompt(vocab, args.prompt)
         first = _timeit(lambda: generate(ids, 1), args.repeats)
-        full = _timeit(lambda: generate(ids, args.new + 1), 1)
+        full = _timeit(lambda: generate(ids, args.new + 1), args.repeats)
     out["decode_tok_s"] = args.new / (full - first)
     out["prefill_ms"] = 1e3 * first
     return out
@@ -209,7 +210,7 @@ def worker_llamacpp(ckpt: str, dtype: str, args) -> dict:
             llm.eval([token])
 
     first = _timeit(lambda: generate(0), args.repeats)
-    full = _timeit(lambda: generate(args.new), 1)
+    full = _timeit(lambda: generate(args.new), args.repeats)
     out["decode_tok_s"] = args.new / (full - first)
     out["prefill_ms"] = 1e3 * first
     return out
@@ -228,6 +229,8 @@ def run_worker(args) -> None:
                                      args)
     else:
         result = worker_llamacpp(args.checkpoint, args.dtype, args)
+    if "decode_tok_s" in result:  # the median of this many timed generations
+        result["decode_repeats"] = args.repeats
     print("RESULT " + json.dumps(result))
 
 

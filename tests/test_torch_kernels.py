@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from linnet.zoo import get, source_path
+from torch.profiler import ProfilerActivity, profile
 
 import linnet.torch as lt
 from linnet.backends import torch_prelude
@@ -24,6 +25,7 @@ from linnet.backends.torch_codegen import generate
 from linnet.backends.torch_runners import reference_graph
 from linnet.ir.passes import dying_values
 from linnet.source import Source
+from tests.checkpoints import build_tiny, probe_ids
 
 LLAMA = dict(vocab=64, dim=32, n_heads=4, n_kv=2, ffn=48, max_positions=32, act="f32",
              rope_scaling="default", window=0)
@@ -95,6 +97,29 @@ def test_dying_values_never_lists_inputs_params_states_or_outputs():
             last_read[v] = i
     for i, values in dying_values(graph).items():
         assert all(last_read.get(v, i) <= i for v in values)
+
+
+def test_compiled_decode_step_writes_the_cache_in_place(tmp_path):
+    """Under torch.compile a decode step's cache write stays a write into the cache: it
+    allocates nothing as large as one layer's keys (Inductor copied the whole cache each
+    step while the cache was one tensor; states are now split per layer and k/v)."""
+    path = build_tiny("LlamaForCausalLM", "base", tmp_path)
+    model = lt.load(path, dtype="f32", mode="compile", numerics="fast")
+    n = model.max_positions
+    ids = probe_ids(model.config["vocab"], (1, n - 1), seed=5)
+    model.reset()
+    model.decode(ids[:, :-2], 0)
+    model.decode(ids[:, -2:-1], n - 3)  # compiles the one-token step
+    kv = model.state["kv"]
+    ptr = kv.untyped_storage().data_ptr()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        last = model.decode(ids[:, -1:], n - 2)
+    assert kv.untyped_storage().data_ptr() == ptr, "the cache moved"
+    one_layer_keys = kv[0, 0].numel() * kv.element_size()
+    biggest = max(e.self_cpu_memory_usage for e in prof.events())
+    assert biggest < one_layer_keys, f"a step allocated {biggest} bytes"
+    reference = lt.load(path, dtype="f32")
+    assert (last - reference.forward(ids)[:, -1]).abs().max().item() <= 1e-3
 
 
 # -- linear_lowp ---------------------------------------------------------------------------
