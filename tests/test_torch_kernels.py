@@ -5,7 +5,7 @@
   not the whole model's.
 - bf16/f16 linears over many rows run as f32 GEMM on CPUs without bf16/f16 dot products
   (`linear_lowp`): the same products and f32 sums as the native kernel, rounded once;
-  one row (a decode step) takes ATen's GEMV; one-query attention runs the f32 kernel.
+  one-query attention (a decode step) runs the f32 kernel.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def widened(x, w, b=None):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [24, 1])  # a prefill (chunked f32 GEMM), a decode (GEMV)
+@pytest.mark.parametrize("rows", [24, 1])  # a prefill (chunked f32 GEMM), a decode (native)
 def test_linear_lowp_is_f32_gemm_rounded_once(monkeypatch, dtype, bias, rows):
     monkeypatch.setitem(torch_prelude._LOWP_NATIVE, dtype, False)
     monkeypatch.setattr(torch_prelude, "_LOWP_CHUNK", 7 * 40)  # 7 rows of w per chunk

@@ -44,12 +44,7 @@ def linear_lowp(x, w, b=None):
     over many rows, widening each block of output features once and running f32 GEMM
     gives the same products (exact in f32) and f32 sums, rounded once to x's dtype."""
     rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu":
-        return F.linear(x, w, b)
-    if rows == 1:  # one token: ATen's GEMV beats oneDNN's here (a decode step's 5-8%)
-        y = torch.mv(w, x.reshape(-1))
-        return (y if b is None else y + b).reshape(*x.shape[:-1], w.shape[0])
-    if _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
+    if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
         return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1]).float()
     out = torch.empty(rows, w.shape[0], dtype=x.dtype)
