@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from linnet.zoo import get, source_path
-from torch.profiler import ProfilerActivity, profile
 
 import linnet.torch as lt
 from linnet.backends import torch_prelude
@@ -99,25 +98,28 @@ def test_dying_values_never_lists_inputs_params_states_or_outputs():
         assert all(last_read.get(v, i) <= i for v in values)
 
 
-def test_compiled_decode_step_writes_the_cache_in_place(tmp_path):
-    """Under torch.compile a decode step's cache write stays a write into the cache: it
-    allocates nothing as large as one layer's keys (Inductor copied the whole cache each
-    step while the cache was one tensor; states are now split per layer and k/v)."""
+def test_compiled_decode_writes_per_layer_cache_parts_in_place(tmp_path):
+    """Under torch.compile the cache goes in as one view per layer and k/v: a slice write
+    into the one cache tensor made Inductor copy the whole cache every step (SmolLM2's
+    step 659 ms; the profiler does not see those allocations, so this checks the split).
+    The step writes into the model's own cache and matches the interpreter."""
     path = build_tiny("LlamaForCausalLM", "base", tmp_path)
     model = lt.load(path, dtype="f32", mode="compile", numerics="fast")
+    layers = model.config["n_layers"]
+    parts = model.runner.parts["kv"]
+    assert parts == {f"kv.{i}.{j}": (i, j) for i in range(layers) for j in range(2)}
+    assert all(f"kv_{i}_{j}=None" in model.runner.text for i in range(layers) for j in (0, 1))
     n = model.max_positions
     ids = probe_ids(model.config["vocab"], (1, n - 1), seed=5)
     model.reset()
     model.decode(ids[:, :-2], 0)
-    model.decode(ids[:, -2:-1], n - 3)  # compiles the one-token step
     kv = model.state["kv"]
     ptr = kv.untyped_storage().data_ptr()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        last = model.decode(ids[:, -1:], n - 2)
-    assert kv.untyped_storage().data_ptr() == ptr, "the cache moved"
-    one_layer_keys = kv[0, 0].numel() * kv.element_size()
-    biggest = max(e.self_cpu_memory_usage for e in prof.events())
-    assert biggest < one_layer_keys, f"a step allocated {biggest} bytes"
+    assert not kv[..., n - 2, :].any()
+    for pos in (n - 3, n - 2):
+        last = model.decode(ids[:, pos : pos + 1], pos)
+    assert model.state["kv"].untyped_storage().data_ptr() == ptr, "the cache moved"
+    assert kv[..., n - 2, :].abs().sum(-1).gt(0).all()  # every layer's k and v written
     reference = lt.load(path, dtype="f32")
     assert (last - reference.forward(ids)[:, -1]).abs().max().item() <= 1e-3
 
