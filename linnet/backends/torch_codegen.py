@@ -159,15 +159,12 @@ def emit_init(source: Source, config: dict, spell: Spell, fused: dict, states) -
     return lines
 
 
-def emit_reset(graphs: dict) -> list[str]:
+def emit_reset(states: dict) -> list[str]:
     lines = [
         "    def reset(self, batch=1):",
         '        """Allocate (or clear) the state for `batch` sequences."""',
         "        B = batch",
     ]
-    states = {}
-    for g in graphs.values():
-        states.update(g.states)
     device = "next(self.parameters()).device"
     for name, v in states.items():
         dims = _tuple(v.type.shape)
@@ -231,7 +228,7 @@ def generate_graphs(
         f'    """The `{source.name}` source for one config; params named like the source."""',
         "",
     ]
-    states = {s: None for g in graphs.values() for s in g.states}
+    states = {name: v for g in graphs.values() for name, v in g.states.items()}
     init = emit_init(source, config, spell, fused or {}, states)
-    body += init + [""] + emit_reset(graphs) + methods
+    body += init + [""] + emit_reset(states) + methods
     return "\n".join(body) + "\n"

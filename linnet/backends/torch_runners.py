@@ -27,7 +27,7 @@ from linnet.backends.torch_codegen import (
 )
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose, dedupe_guards, verify
-from linnet.ir.state_split import split_states
+from linnet.ir.state_split import part_coord, split_states
 from linnet.source import Source
 
 MODES = ("interpret", "generated", "compile", "cudagraphs")
@@ -149,9 +149,7 @@ def split_entry_states(graphs: dict) -> tuple[dict, dict]:
     parts: dict = {}
     for _, names in split.values():
         for whole, part_names in names.items():
-            parts.setdefault(whole, {}).update(
-                {p: tuple(int(i) for i in p[len(whole) + 1 :].split(".")) for p in part_names}
-            )
+            parts.setdefault(whole, {}).update({p: part_coord(whole, p) for p in part_names})
     whole_somewhere = {s for e, (_, names) in split.items() for s in graphs[e].states
                        if s not in names}
     if whole_somewhere & parts.keys():

@@ -27,6 +27,11 @@ def part_name(state: str, coord: tuple[int, ...]) -> str:
     return ".".join([state, *map(str, coord)])
 
 
+def part_coord(state: str, part: str) -> tuple[int, ...]:
+    """The index of a part in its state: `part_coord("kv", "kv.3.1")` is (3, 1)."""
+    return tuple(int(i) for i in part[len(state) + 1 :].split("."))
+
+
 def _versions(graph: Graph, state) -> list:
     """The state value and every value an `update_slice` chain derives from it."""
     versions, frontier = [state], {state}
