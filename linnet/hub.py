@@ -321,7 +321,8 @@ def remote_header(url: str, headers: dict, name: str, size: int) -> dict[str, Te
 def plan_for(ckpt, dtype: str | None = None):
     """The weights-map plan of a checkpoint (local `Checkpoint` or `RemoteCheckpoint`),
     as `linnet.loading.plan_checkpoint` makes it for a folder."""
-    from linnet.loading import DEFAULT_MAX_POSITIONS, normalize_dtype, source_for
+    from linnet.core.dtypes import normalize_dtype
+    from linnet.loading import DEFAULT_MAX_POSITIONS, source_for
     from linnet.weights.manifest import find_manifest
     from linnet.weights.plan import make_plan
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from linnet.errors import CheckpointError, ConfigError
-from linnet.ir.types import FLOAT_DTYPES
+from linnet.core.dtypes import normalize_dtype
+from linnet.errors import CheckpointError
 from linnet.source import Source
 from linnet.weights.manifest import Manifest, find_manifest
 from linnet.weights.plan import Plan, make_plan
@@ -17,7 +17,6 @@ from linnet.weights.safetensors_io import Checkpoint
 # The cache is preallocated: cap the default so an 8B model with a 128k context
 # does not reserve tens of GB. Pass max_positions= to go further.
 DEFAULT_MAX_POSITIONS = 4096
-DTYPE_ALIASES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 def source_for(manifest: Manifest) -> Source:
@@ -54,9 +53,3 @@ def plan_checkpoint(
     return plan, source, config, hf_config
 
 
-def normalize_dtype(dtype) -> str:
-    name = str(dtype).removeprefix("torch.")  # accepts torch dtypes without importing torch
-    name = DTYPE_ALIASES.get(name, name)
-    if name not in FLOAT_DTYPES:
-        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(FLOAT_DTYPES)}")
-    return name

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
+from linnet.core.dtypes import numpy_dtype
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.generation import Generation, check_ids
 from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
-
-NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32}
-NUMPY_DTYPES["bool"] = np.bool_
 
 
 def export(
@@ -146,12 +144,12 @@ class OnnxModel:
 
     def _convert(self, name: str, spec: dict, x) -> np.ndarray:
         if name in TOKEN_INPUTS:
-            return check_ids(x, self.config.get("vocab")).astype(NUMPY_DTYPES[spec["dtype"]])
+            return check_ids(x, self.config.get("vocab")).astype(numpy_dtype(spec["dtype"]))
         x = np.asarray(x)
         if spec["dtype"] in ("i64", "i32") and not np.issubdtype(x.dtype, np.integer):
             if x.dtype != np.bool_:
                 raise LinnetError(f"`{name}` must hold integers, got {x.dtype}")
-        return np.ascontiguousarray(x, dtype=NUMPY_DTYPES[spec["dtype"]])
+        return np.ascontiguousarray(x, dtype=numpy_dtype(spec["dtype"]))
 
     def _run(self, name: str, feeds: dict, dim_values: dict) -> np.ndarray:
         """One call through an IO binding: the cache stays in onnxruntime's buffers, and a
@@ -268,7 +266,7 @@ class OnnxDecoder(Generation, OnnxModel):
     def _new_state(self, name: str, shape, dtype: str) -> None:
         import onnxruntime as ort
 
-        zeros = np.zeros(shape, NUMPY_DTYPES[dtype])
+        zeros = np.zeros(shape, numpy_dtype(dtype))
         self.state[name] = ort.OrtValue.ortvalue_from_numpy(zeros)
         self._buffers[name] = zeros  # the OrtValue borrows this memory
 

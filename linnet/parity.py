@@ -374,7 +374,7 @@ def run_gate(
     LongTensors) skip the tokenizer (random checkpoints have none; encoders pad them into
     one batch). Vision models take random pixels. `model`: an already loaded Linnet model
     (tests use it to perturb a weight)."""
-    from linnet.loading import normalize_dtype
+    from linnet.core.dtypes import normalize_dtype
 
     if backend not in BACKENDS:
         raise LinnetError(f"backend {backend!r}: available are {', '.join(BACKENDS)}")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linnet.check.config import resolve_config
-from linnet.check.diagnostics import DiagnosticError
-from linnet.check.dims import Poly
 from linnet.check.elaborate import Elaborator, check_source
 from linnet.check.values import BlockInfo, Frame
+from linnet.core.diagnostics import DiagnosticError
+from linnet.core.dims import Poly
 from linnet.errors import CheckpointError, SourceError
 from linnet.ir.graph import Graph
 from linnet.ir.types import TensorType

@@ -28,7 +28,7 @@ from linnet.backends.jax_codegen import POSITION, JaxEntry, generate_entries, pr
 from linnet.backends.jax_emit import JAX_DTYPE_NAMES
 from linnet.backends.jax_prelude import nest_params
 from linnet.backends.jax_runners import load_module
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.errors import LinnetError
 from linnet.source import Source
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from linnet.check.diagnostics import Diagnostic
 from linnet.cli import main
+from linnet.core.diagnostics import Diagnostic
 from linnet.errors import ConfigError, LinnetError, SourceError
 from linnet.source import Source
 from linnet.syntax.parser import parse

@@ -29,7 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from linnet.backends.interp import Interpreter  # noqa: E402
 from linnet.backends.torch_emit import EMITTERS  # noqa: E402
-from linnet.check.dims import Poly  # noqa: E402
+from linnet.core.dims import Poly  # noqa: E402
 from linnet.ir.graph import Graph, GraphBuilder, TypeBuilder  # noqa: E402
 from linnet.ir.library import DECOMPOSITIONS  # noqa: E402
 from linnet.ir.ops import OPS  # noqa: E402

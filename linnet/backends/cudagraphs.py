@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.errors import LinnetError
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import _copy_frame, _finish, dedupe_guards, verify

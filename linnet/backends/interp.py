@@ -17,19 +17,13 @@ import torch.nn.functional as F
 from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
 from linnet.backends.torch_emit import Spell, emit
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
+from linnet.core.dtypes import DTYPES
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
 from linnet.ir.passes import dying_values, inplace_updates
 
-TORCH_DTYPES = {
-    "f32": torch.float32,
-    "f16": torch.float16,
-    "bf16": torch.bfloat16,
-    "i64": torch.int64,
-    "i32": torch.int32,
-    "bool": torch.bool,
-}
+TORCH_DTYPES = {name: getattr(torch, d.torch) for name, d in DTYPES.items()}
 
 
 def namespace(device) -> dict:

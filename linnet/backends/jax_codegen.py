@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from linnet.backends import jax_prelude
 from linnet.backends.jax_emit import JAX_DTYPE_NAMES, JaxSpell, Lines, emit
 from linnet.backends.jax_positions import runtime_position
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
 from linnet.ir.passes import decompose, dedupe_guards, inplace_updates, verify
 from linnet.source import Source

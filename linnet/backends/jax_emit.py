@@ -16,18 +16,12 @@ import math
 
 from linnet.backends.emit import Lines, emit_node
 from linnet.backends.torch_emit import Spell, attention_operands
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
+from linnet.core.dtypes import DTYPES
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
 # JAX runs 32-bit integers unless x64 is switched on: token ids and positions fit.
-JAX_DTYPE_NAMES = {
-    "f32": "jnp.float32",
-    "f16": "jnp.float16",
-    "bf16": "jnp.bfloat16",
-    "i64": "jnp.int32",
-    "i32": "jnp.int32",
-    "bool": "jnp.bool_",
-}
+JAX_DTYPE_NAMES = {name: f"jnp.{d.jax}" for name, d in DTYPES.items()}
 
 
 class JaxSpell(Spell):

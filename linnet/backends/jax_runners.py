@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linnet.backends.jax_codegen import generate_entries, prepare_all
+from linnet.core.dtypes import numpy_dtype as core_numpy_dtype
 from linnet.errors import LinnetError
 
 NUMERICS = ("equivalent", "fast")
@@ -37,16 +38,8 @@ def load_module(text: str, name: str, consts: dict | None = None) -> types.Modul
 
 
 def numpy_dtype(name: str):
-    import ml_dtypes
-
-    return {
-        "f32": np.float32,
-        "f16": np.float16,
-        "bf16": ml_dtypes.bfloat16,
-        "i64": np.int32,  # as jnp's default ints (see jax_emit.JAX_DTYPE_NAMES)
-        "i32": np.int32,
-        "bool": np.bool_,
-    }[name]
+    """What a JAX array of a Linnet dtype holds (i64 as jnp's default int32)."""
+    return core_numpy_dtype(name, as_jax=True)
 
 
 def _split(entry, result) -> tuple[list, dict]:

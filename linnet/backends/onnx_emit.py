@@ -20,21 +20,13 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from linnet.backends.emit import node_attrs
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
+from linnet.core.dtypes import DTYPES, numpy_dtype
 
 OPSET = 21  # Gelu (20), LayerNormalization (17), reduce axes as inputs (18)
 IR_VERSION = 10  # what opset 21 needs; onnxruntime 1.20 and newer read it
 
-ONNX_DTYPES = {
-    "f32": TensorProto.FLOAT,
-    "f16": TensorProto.FLOAT16,
-    "bf16": TensorProto.BFLOAT16,
-    "i64": TensorProto.INT64,
-    "i32": TensorProto.INT32,
-    "bool": TensorProto.BOOL,
-}
-NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32}
-NUMPY_DTYPES["bool"] = np.bool_
+ONNX_DTYPES = {name: getattr(TensorProto, d.onnx) for name, d in DTYPES.items()}
 
 
 class OnnxBuilder:
@@ -65,7 +57,7 @@ class OnnxBuilder:
         return out
 
     def const(self, value, dtype: str = "i64") -> str:
-        array = np.asarray(value, dtype=NUMPY_DTYPES[dtype])
+        array = np.asarray(value, dtype=numpy_dtype(dtype))
         key = (dtype, array.shape, array.tobytes())
         if key not in self._consts:
             name = self.fresh("const")

@@ -27,7 +27,7 @@ from linnet.backends.onnx_emit import (
     emit,
     partial_axes,
 )
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
 from linnet.ir.passes import decompose, dedupe_guards, verify
 from linnet.ir.state_split import split_states

@@ -14,17 +14,11 @@ from __future__ import annotations
 import math
 
 from linnet.backends.emit import Lines, emit_node
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
+from linnet.core.dtypes import DTYPES
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
-TORCH_DTYPE_NAMES = {
-    "f32": "torch.float32",
-    "f16": "torch.float16",
-    "bf16": "torch.bfloat16",
-    "i64": "torch.int64",
-    "i32": "torch.int32",
-    "bool": "torch.bool",
-}
+TORCH_DTYPE_NAMES = {name: f"torch.{d.torch}" for name, d in DTYPES.items()}
 
 
 class Spell:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.ops import norm_axis
 from linnet.ir.types import OpTypeError
 

@@ -14,8 +14,6 @@ import copy
 
 from linnet.check import statements
 from linnet.check.config import list_length
-from linnet.check.diagnostics import Diagnostic, DiagnosticError
-from linnet.check.dims import Poly
 from linnet.check.values import (
     BlockInfo,
     BlockVal,
@@ -30,6 +28,8 @@ from linnet.check.values import (
     SVal,
     describe,
 )
+from linnet.core.diagnostics import Diagnostic, DiagnosticError
+from linnet.core.dims import Poly
 from linnet.errors import ConfigError
 from linnet.ir.graph import Graph, GraphBuilder, TypeBuilder
 from linnet.ir.types import DTYPES, TensorType

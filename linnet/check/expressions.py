@@ -10,7 +10,6 @@ import dataclasses
 
 import numpy as np
 
-from linnet.check.dims import Poly
 from linnet.check.values import (
     BlockInfo,
     BlockVal,
@@ -27,6 +26,7 @@ from linnet.check.values import (
     TVal,
     describe,
 )
+from linnet.core.dims import Poly
 from linnet.ir.types import DTYPES, OpTypeError, TensorType, is_float
 from linnet.syntax import ast as A
 

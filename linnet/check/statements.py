@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 
 from linnet.check.builtins import BUILTINS, REQUIRED
-from linnet.check.dims import Poly
 from linnet.check.expressions import Expressions, _unparse
 from linnet.check.values import (
     BlockInfo,
@@ -27,6 +26,7 @@ from linnet.check.values import (
     TVal,
     describe,
 )
+from linnet.core.dims import Poly
 from linnet.ir.types import OpTypeError, TensorType
 from linnet.syntax import ast as A
 

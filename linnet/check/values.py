@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.types import TensorType
 from linnet.syntax import ast as A
 

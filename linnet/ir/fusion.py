@@ -13,7 +13,7 @@ params). Each output row is the same dot product as before; only the matmul is w
 
 from __future__ import annotations
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder, Node
 from linnet.ir.passes import _copy_frame, _finish
 

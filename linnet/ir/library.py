@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 
 F32 = "f32"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.types import INT_DTYPES, OpTypeError, TensorType, is_float
 
 Rule = Callable[[list[TensorType], dict], TensorType | None]

@@ -8,7 +8,7 @@ and the reshapes after it, so one compiled graph serves every position.
 
 from __future__ import annotations
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.graph import Graph
 
 

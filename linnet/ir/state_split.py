@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 
-from linnet.check.dims import Poly
+from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import _copy_frame, _finish
 

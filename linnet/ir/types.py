@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from linnet.check.dims import Poly
-
-FLOAT_DTYPES = ("f32", "f16", "bf16")
-INT_DTYPES = ("i64", "i32")
-DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+from linnet.core.dims import Poly
+from linnet.core.dtypes import DTYPES, FLOAT_DTYPES, INT_DTYPES  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from linnet.check.diagnostics import Diagnostic, DiagnosticError
+from linnet.core.diagnostics import Diagnostic, DiagnosticError
 
 KEYWORDS = {
     "model",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from linnet.check.diagnostics import Diagnostic, DiagnosticError
+from linnet.core.diagnostics import Diagnostic, DiagnosticError
 from linnet.syntax import ast as A
 from linnet.syntax.lexer import Token, tokenize
 

@@ -15,11 +15,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from linnet.core.dtypes import DTYPES
+from linnet.core.dtypes import FLOAT_DTYPES as ACT_DTYPES
 from linnet.errors import CheckpointError, ConfigError
 from linnet.weights.manifest import Manifest, Rule
 from linnet.weights.safetensors_io import FLOAT_DTYPES, Checkpoint
 
-DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+DTYPE_NAMES = {name: DTYPES[name].numpy for name in ACT_DTYPES}  # what a plan may cast to
 
 
 class Problem(str):
