@@ -10,7 +10,7 @@
 Each repo is an ordinary git work tree under mirrors/models/<org>/<name>; safetensors and
 pickles are LFS objects in .git/lfs/objects, so the Hub API reports their sha256 as it does
 for real repos. The upstream is a dead port: nothing can reach the internet
-(shared/research/hub.md has the findings behind the configuration).
+(docs/zoo.md says how the pull tests use it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
         hub.files["org/name"]["README.md"]   # the bytes committed under that path
         hub.calls                             # (method, path) of every request
 
-The calls `create_repo` + `upload_folder` make (research/hub.md), without Xet:
+The calls `create_repo` + `upload_folder` make, without Xet:
   POST /api/repos/create                           -> {"url"}
   POST /api/validate-yaml                          -> {"errors": [], "warnings": []}
   POST /api/models/ORG/NAME/preupload/REV          -> uploadMode per file (lfs: weights)
