@@ -23,16 +23,18 @@ A row passes when its figures are within the entry's tolerance for the backend a
 the gate fails closed. Each run can write a parity record (JSON) that the site and model
 cards read.
 
-Modules, one concept each: `gate` (the run), `models` (loading both sides), `decoder`,
-`encoder`, `vision` (the measures), `compare` (two outputs' figures and verdict),
-`report` (the figures and the report), `table` (the text table), `records` (JSON records).
+Modules, one concept each: `gate` (the run), `models` (loading both sides), `prompts`
+(tokenizer and prompt ids), `decoder`, `encoder`, `vision` (the measures), `compare` (two
+outputs' figures and verdict), `report` (figures and report), `table` (the text table),
+`records` (the JSON records).
 """
 
 from linnet.parity.compare import compare, judge
-from linnet.parity.decoder import encode_prompts, measure_decoder
+from linnet.parity.decoder import measure_decoder
 from linnet.parity.encoder import mean_pooling, measure_encoder, pad_batch
 from linnet.parity.gate import FALLBACK_PROMPTS, FALLBACK_SENTENCES, Gate, run_gate
 from linnet.parity.models import BACKENDS, checkpoint_kind, load_linnet, load_reference
+from linnet.parity.prompts import encode_prompts, load_tokenizer
 from linnet.parity.records import read_records, record, record_path, results_dir, write_record
 from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
 from linnet.parity.table import format_table
@@ -53,6 +55,7 @@ __all__ = [
     "judge",
     "load_linnet",
     "load_reference",
+    "load_tokenizer",
     "mean_pooling",
     "measure_decoder",
     "measure_encoder",

@@ -1,8 +1,7 @@
 """Decoders: the last-position logits of Linnet's decode entry (the path `generate` takes)
 against transformers' forward, per prompt.
 
-    ids = encode_prompts(tokenizer, ["Say hello."], chat=True)
-    figures = measure_decoder(model, reference, ids[0], tolerance, "Say hello.")
+    figures = measure_decoder(model, reference, ids, tolerance, "Say hello.")
 
 Four figures: the same first greedy token (yes/no), max |Δ|, relative error
 ‖Δ‖₂ / ‖ref‖₂, and the overlap of the two top-5 sets.
@@ -12,25 +11,6 @@ from __future__ import annotations
 
 from linnet.parity.report import PromptFigures
 from linnet.zoo.registry import Tolerance
-
-
-def encode_prompts(tokenizer, prompts, chat: bool):
-    """One [1, S] LongTensor per prompt: chat-templated (with the generation prompt) or plain."""
-    import torch
-
-    out = []
-    for text in prompts:
-        if chat:
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
-        else:
-            ids = tokenizer(text)["input_ids"]
-        out.append(torch.tensor([list(ids)], dtype=torch.long))
-    return out
 
 
 def measure_decoder(model, reference, ids, tolerance: Tolerance, label: str) -> PromptFigures:

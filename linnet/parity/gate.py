@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linnet.errors import LinnetError
-from linnet.parity.decoder import encode_prompts, measure_decoder
+from linnet.parity.decoder import measure_decoder
 from linnet.parity.encoder import measure_encoder, pad_batch
 from linnet.parity.models import BACKENDS, checkpoint_kind, load_linnet, load_reference
+from linnet.parity.prompts import encode_prompts, load_tokenizer
 from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
 from linnet.parity.vision import measure_vision, random_pixels
 from linnet.zoo.registry import Entry, Tolerance
@@ -133,10 +134,7 @@ class Gate:
 
     def tokenize(self, prompts, chat):
         """(prompts, ids): the entry's prompts (or the fallback) through the tokenizer."""
-        from transformers import AutoTokenizer
-
-        gguf = self.gguf
-        tokenizer = AutoTokenizer.from_pretrained(self.folder, gguf_file=gguf and gguf.name)
+        tokenizer = load_tokenizer(self.folder, self.gguf and self.gguf.name)
         entry = self.entry
         if chat is None:
             chat = entry.chat if entry else self.kind == "decoder" and bool(tokenizer.chat_template)
