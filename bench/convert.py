@@ -179,61 +179,38 @@ def checkpoint_stats(path: Path) -> dict:
     }
 
 
+def wall_and_rss(runs: list[dict]) -> dict:
+    """One converter's runs: the least wall time (the one the machine disturbed least), each
+    run's wall time, and the peak RSS over the runs."""
+    walls = [r["wall_s"] for r in runs]
+    return {
+        "wall_s": round(min(walls), 2),
+        "wall_s_runs": [round(w, 2) for w in walls],
+        "peak_rss_mb": round(max(r["peak_rss_bytes"] for r in runs) / 1e6, 1),
+    }
+
+
 def run_one(name: str, ckpt: Path, out_dir: Path, script: Path, pylib: Path, repeat: int) -> dict:
     stats = checkpoint_stats(ckpt)
     ours, theirs = out_dir / f"{name}.linnet.f16.gguf", out_dir / f"{name}.llama-cpp.f16.gguf"
+    linnet_cmd = [sys.executable, "-m", "linnet.cli", "export", "gguf", str(ckpt)]
+    linnet_cmd += ["--out", str(ours), "--dtype", "f16", "--quiet"]
+    llama_cmd = [sys.executable, str(script), str(ckpt), "--outfile", str(theirs)]
+    llama_cmd += ["--outtype", "f16"]
     runs: dict[str, list[dict]] = {"linnet": [], "llama.cpp": []}
     for k in range(repeat):  # alternate, so both see the same machine
         for f in (ours, theirs):
             f.unlink(missing_ok=True)
         log(f"{name}: run {k + 1}/{repeat}: linnet export gguf")
-        runs["linnet"].append(
-            measure(
-                [
-                    sys.executable,
-                    "-m",
-                    "linnet.cli",
-                    "export",
-                    "gguf",
-                    str(ckpt),
-                    "--out",
-                    str(ours),
-                    "--dtype",
-                    "f16",
-                    "--quiet",
-                ]
-            )  # fmt: skip
-        )
+        runs["linnet"].append(measure(linnet_cmd))
         log(f"{name}: run {k + 1}/{repeat}: convert_hf_to_gguf.py")
-        runs["llama.cpp"].append(
-            measure(
-                [
-                    sys.executable,
-                    str(script),
-                    str(ckpt),
-                    "--outfile",
-                    str(theirs),
-                    "--outtype",
-                    "f16",
-                ],
-                env={"PYTHONPATH": str(pylib)},
-            )  # fmt: skip
-        )
+        runs["llama.cpp"].append(measure(llama_cmd, env={"PYTHONPATH": str(pylib)}))
     log(f"{name}: comparing the two files")
     same = compare(ours, theirs)
     sizes = {"linnet": ours.stat().st_size, "llama.cpp": theirs.stat().st_size}
     for f in (ours, theirs):
         f.unlink(missing_ok=True)
-
-    def summary(rs: list[dict]) -> dict:
-        walls = [r["wall_s"] for r in rs]
-        return {
-            "wall_s": round(min(walls), 2),
-            "wall_s_runs": [round(w, 2) for w in walls],
-            "peak_rss_mb": round(max(r["peak_rss_bytes"] for r in rs) / 1e6, 1),
-        }
-
-    linnet, ref = summary(runs["linnet"]), summary(runs["llama.cpp"])
+    linnet, ref = wall_and_rss(runs["linnet"]), wall_and_rss(runs["llama.cpp"])
     goal = 2 * stats["largest_tensor_bytes"] + 300e6
     return {
         "checkpoint": name,

@@ -47,13 +47,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import machine, versions  # noqa: E402
+from bench.encoder_methods import Unsupported, prepare  # noqa: E402
+from bench.encoder_models import (  # noqa: E402
+    CACHE,
+    MODELS,
+    checkpoint_for,
+    describe,
+    kind_of,
+    make_inputs,
+    max_delta,
+    reference,
+)
 
 RESULTS = ROOT / "bench" / "results" / "encoders.json"
-CACHE = Path(os.environ.get("LINNET_CACHE", Path.home() / ".cache" / "linnet")) / "bench"
-MODELS = ("minilm", "resnet18")
 BATCHES = (1, 32)
-SEQ_LEN = 128
-IMAGE_SIZE = 224
 METHODS = [
     "linnet/interpret/equivalent",
     "linnet/generated/equivalent",
@@ -69,231 +76,6 @@ BASELINES = ("transformers/eager", "transformers/onnx")
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "numpy", "linnet")
 REPEATS = {1: 30, 32: 10}  # per batch; --quick: QUICK_REPEATS
 QUICK_REPEATS = {1: 3, 32: 2}
-RESNET18 = dict(
-    embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2], layer_type="basic"
-)
-
-
-class Unsupported(Exception):
-    """A method that cannot load or export the model: recorded, not fatal."""
-
-
-# -- models and inputs -----------------------------------------------------------------------
-def checkpoint_for(name: str) -> Path:
-    if name == "minilm":
-        from tests.checkpoints import minilm_snapshot
-
-        return minilm_snapshot()
-    if name == "resnet18":
-        return build_resnet(CACHE / "resnet-18-shape", RESNET18)
-    raise SystemExit(f"unknown model {name!r} (models: {', '.join(MODELS)})")
-
-
-def build_resnet(path: Path, shape: dict, calibrate: int = 4, size: int = IMAGE_SIZE) -> Path:
-    """A random ResNetModel of `shape`, saved with save_pretrained (reused once built). Batch
-    norms get their running statistics from `calibrate` batches of random images
-    (cumulative averages), so the activations stay O(1) through the blocks."""
-    import torch
-    from transformers import ResNetConfig, ResNetModel
-
-    if (path / "config.json").is_file():
-        return path
-    config = ResNetConfig(**shape)
-    config.architectures = ["ResNetModel"]
-    torch.manual_seed(0)
-    model = ResNetModel(config)
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.momentum = None  # cumulative average over the calibration batches
-            m.reset_running_stats()
-    model.train()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _ in range(calibrate):
-            model(torch.randn(8, 3, size, size, generator=g))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    model.eval().save_pretrained(tmp)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, path)  # complete or absent
-    return path
-
-
-def kind_of(ckpt: Path) -> str:
-    """ "image" for a vision config (it has `num_channels`), else "text"."""
-    config = json.loads((Path(ckpt) / "config.json").read_text())
-    return "image" if "num_channels" in config else "text"
-
-
-def make_inputs(ckpt: Path, batch: int, seq_len: int = SEQ_LEN) -> dict[str, np.ndarray]:
-    """Inputs by transformers' argument names, in the order Linnet's entries take them:
-    random ids (never a special token) with a full mask, or N(0, 1) pixels (what
-    normalized images look like)."""
-    cfg = json.loads((Path(ckpt) / "config.json").read_text())
-    rng = np.random.default_rng(batch)
-    if kind_of(ckpt) == "image":
-        size = cfg.get("image_size", IMAGE_SIZE)
-        pixels = rng.standard_normal((batch, cfg.get("num_channels", 3), size, size))
-        return {"pixel_values": pixels.astype(np.float32)}
-    ids = rng.integers(1000 if cfg["vocab_size"] > 2000 else 1, cfg["vocab_size"],
-                       (batch, seq_len))  # fmt: skip
-    return {"input_ids": ids.astype(np.int64), "attention_mask": np.ones_like(ids, np.int64)}
-
-
-def reference(ckpt: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """transformers, not compiled, eager attention, f32: the last hidden state."""
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
-    with torch.inference_mode():
-        out = model.eval()(**{k: torch.from_numpy(v) for k, v in inputs.items()})
-    return out.last_hidden_state.numpy()
-
-
-def max_delta(got, want: np.ndarray) -> float:
-    got = np.asarray(got)
-    if got.shape != want.shape:
-        if got.size != want.size:
-            raise ValueError(f"output shape {got.shape}, transformers gives {want.shape}")
-        got = got.reshape(want.shape)  # same values in another layout would show as a Δ
-    return float(np.abs(got.astype(np.float64) - want).max())
-
-
-# -- methods: prepare (load, export) once, then bind inputs to a call ----------------------
-def prepare(method: str, ckpt: Path, work: Path) -> tuple:
-    """(bind, info): bind(inputs) gives a zero-argument call returning the output as
-    numpy. Raises Unsupported when the method cannot load or export the model."""
-    family, _, rest = method.partition("/")
-    try:
-        if family == "linnet" and rest == "onnx":
-            return prepare_linnet_onnx(ckpt, work)
-        if family == "linnet":
-            mode, numerics = rest.split("/")
-            return prepare_linnet_torch(ckpt, mode, numerics)
-        if rest == "onnx":
-            return prepare_hf_onnx(ckpt, work)
-        return prepare_hf_torch(ckpt, compiled=rest == "compile")
-    except Exception as e:  # whatever the loader raised, one line of it
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise Unsupported(f"{type(e).__name__}: {why}"[:300]) from e
-
-
-def prepare_linnet_torch(ckpt: Path, mode: str, numerics: str) -> tuple:
-    import torch
-
-    import linnet.torch as lt
-
-    t0 = time.perf_counter()
-    model = lt.load(ckpt, dtype="f32", mode=mode, numerics=numerics)
-    info = {"load_s": time.perf_counter() - t0, "entry": "forward"}
-
-    def bind(inputs):
-        args = [torch.from_numpy(v) for v in inputs.values()]
-        return lambda: model.forward(*args).numpy()
-
-    return bind, info
-
-
-def prepare_linnet_onnx(ckpt: Path, work: Path) -> tuple:
-    import linnet.onnx
-
-    t0 = time.perf_counter()
-    out = linnet.onnx.export(ckpt, work / "linnet-onnx", overwrite=True, progress=False)
-    info = {"export_s": time.perf_counter() - t0, "entry": "forward"}
-    t0 = time.perf_counter()
-    model = linnet.onnx.load(out)  # CPU, onnxruntime's default threads
-    info["load_s"] = time.perf_counter() - t0
-
-    def bind(inputs):
-        args = list(inputs.values())
-        return lambda: model.forward(*args)
-
-    return bind, info
-
-
-def prepare_hf_torch(ckpt: Path, compiled: bool) -> tuple:
-    import torch
-    from transformers import AutoModel
-
-    t0 = time.perf_counter()
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32).eval()
-    info = {
-        "load_s": time.perf_counter() - t0,
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
-    }
-    if compiled:  # the same setting as Linnet's compile mode
-        model = torch.compile(model, dynamic=True)
-        info["compile"] = "torch.compile(model, dynamic=True)"
-
-    def bind(inputs):
-        kwargs = {k: torch.from_numpy(v) for k, v in inputs.items()}
-
-        def call():
-            with torch.inference_mode():
-                return model(**kwargs).last_hidden_state.numpy()
-
-        return call
-
-    return bind, info
-
-
-def prepare_hf_onnx(ckpt: Path, work: Path) -> tuple:
-    """transformers' model through torch.onnx.export (TorchScript exporter, batch dynamic),
-    the last hidden state as the only output, run like Linnet's: default SessionOptions,
-    CPUExecutionProvider."""
-    import onnxruntime as ort
-    import torch
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32).eval()
-    sample = make_inputs(ckpt, 2, seq_len=8)  # traced at batch 2, length 8: neither baked
-    names = list(sample)
-    if "attention_mask" in sample:  # padding traced too: the mask stays in the graph
-        sample["attention_mask"][1, -3:] = 0
-    dynamic = {0: "batch"} if kind_of(ckpt) == "image" else {0: "batch", 1: "sequence"}
-    path = work / "transformers.onnx"
-    t0 = time.perf_counter()
-    torch.onnx.export(
-        LastHidden(model, names), tuple(torch.from_numpy(v) for v in sample.values()),
-        str(path), dynamo=False, input_names=names, output_names=["last_hidden_state"],
-        opset_version=17, dynamic_axes={n: dynamic for n in names + ["last_hidden_state"]},
-    )  # fmt: skip
-    info = {
-        "export_s": time.perf_counter() - t0,
-        "exporter": "torchscript",
-        "opset": 17,
-        "attn_implementation": model.config._attn_implementation,
-    }
-    t0 = time.perf_counter()
-    session = ort.InferenceSession(
-        str(path), ort.SessionOptions(), providers=["CPUExecutionProvider"]
-    )
-    info["load_s"] = time.perf_counter() - t0
-
-    def bind(inputs):
-        feeds = dict(inputs)
-        return lambda: session.run(None, feeds)[0]
-
-    return bind, info
-
-
-class LastHidden:
-    """A module calling the HF model with named inputs and returning the last hidden
-    state alone (so the export carries no pooler)."""
-
-    def __new__(cls, model, names):
-        import torch
-
-        class Wrapper(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, *args):
-                return self.model(**dict(zip(names, args))).last_hidden_state
-
-        return Wrapper()
 
 
 # -- the worker: one method, one model, every batch, one process ---------------------------
@@ -415,7 +197,8 @@ def goals(results: dict, batches) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, with `batches` as ints and `repeat_map` (batch -> timed repeats)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -433,6 +216,11 @@ def main(argv=None) -> int:
     given = [int(r) for r in args.repeats.split(",")] if args.repeats else None
     args.repeat_map = {b: given[i] if given else default.get(b, 5)
                        for i, b in enumerate(args.batches)}  # fmt: skip
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.worker:
         worker(args)
         return 0
@@ -473,15 +261,6 @@ def main(argv=None) -> int:
     print_table(report)
     print(f"\nwrote {args.out}")
     return 0
-
-
-def describe(kind: str) -> str:
-    if kind == "text":
-        return (
-            f"random token ids (>= 1000: no special tokens) with a full attention mask, "
-            f"sequence length {SEQ_LEN}; output: last hidden state"
-        )
-    return f"N(0, 1) pixels, {IMAGE_SIZE} x {IMAGE_SIZE}; output: last hidden state"
 
 
 def print_table(report: dict) -> None:

@@ -118,8 +118,9 @@ def worker_jax(ckpt: str, dtype: str, kind: str, numerics: str, args) -> dict:
             stablehlo.save(exported, f"{exports}/{entry}.mlir", source, config, numerics)
         out["export_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model = lj.load(ckpt, dtype=dtype, numerics=numerics, max_positions=1024,
-                    from_stablehlo=exports)
+    model = lj.load(
+        ckpt, dtype=dtype, numerics=numerics, max_positions=1024, from_stablehlo=exports
+    )
     vocab = model.config["vocab"]
     out["load_s"] = time.perf_counter() - t0
 
@@ -188,8 +189,9 @@ def worker_llamacpp(ckpt: str, dtype: str, args) -> dict:
     gguf = Path(args.gguf_dir) / f"model-{dtype}.gguf"
     if not gguf.exists():
         return {"skipped": f"no GGUF export at {gguf} (linnet export gguf failed or missing)"}
-    llm = llama_cpp.Llama(str(gguf), n_ctx=1024, n_threads=os.cpu_count(), n_batch=512,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        str(gguf), n_ctx=1024, n_threads=os.cpu_count(), n_batch=512, verbose=False
+    )
     vocab = llm.n_vocab()
     out = {}
     for s in (128, 512):
@@ -225,8 +227,7 @@ def run_worker(args) -> None:
         kind, numerics = (method.split("/") + ["equivalent"])[1:3]
         result = worker_jax(args.checkpoint, args.dtype, kind, numerics, args)
     elif method.startswith("transformers/"):
-        result = worker_transformers(args.checkpoint, args.dtype, method.endswith("compile"),
-                                     args)
+        result = worker_transformers(args.checkpoint, args.dtype, method.endswith("compile"), args)
     else:
         result = worker_llamacpp(args.checkpoint, args.dtype, args)
     if "decode_tok_s" in result:  # the median of this many timed generations
@@ -261,8 +262,12 @@ def model_bytes(ckpt: str, dtype: str) -> int:
 
 def checkpoint_for(name: str) -> str:
     if name == "smollm2":
-        out = subprocess.run([sys.executable, str(ROOT / "scripts/make_smollm2_checkpoint.py")],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "scripts/make_smollm2_checkpoint.py")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return out.stdout.strip()
     if name == "tinyllama":
         return build_tinyllama()
@@ -277,9 +282,17 @@ def build_tinyllama() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                         num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                         max_position_embeddings=2048, rms_norm_eps=1e-5, dtype="bfloat16")
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        dtype="bfloat16",
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
@@ -298,15 +311,16 @@ def export_ggufs(ckpt: str, dtypes: list[str], out_dir: Path) -> None:
             print(f"  (no llama.cpp baseline in {dtype}: {proc.stderr.strip()[-200:]})")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="smollm2, tinyllama or a folder")
     parser.add_argument("--dtypes", default="f32,bf16")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the rows of --out that this run does not measure")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the rows of --out that this run does not measure"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -317,6 +331,38 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.new = 1, 32
+    return args
+
+
+def start_report(args, ckpt: str, dtypes: list[str], methods: list[str], gbs: float) -> dict:
+    """The report this run fills in; with --merge, the rows of an earlier run are kept."""
+    report = {
+        "machine": machine(),
+        "versions": versions(PACKAGES),
+        "model": args.model,
+        "checkpoint": ckpt,
+        "bandwidth_gb_s": gbs,
+        "prompt": args.prompt,
+        "new_tokens": args.new,
+        "results": {},
+    }
+    if args.merge and args.out.exists():  # keep the other rows of an earlier run
+        earlier = json.loads(args.out.read_text())
+        report["results"] = earlier.get("results", {})
+        report["model_bytes"] = earlier.get("model_bytes", {})
+        report["runs"] = earlier.get("runs", [])
+    run = {
+        "dtypes": dtypes,
+        "methods": methods,
+        "machine": report["machine"],
+        "bandwidth_gb_s": gbs,
+    }
+    report.setdefault("runs", []).append(run)
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.worker:
         run_worker(args)
         return 0
@@ -329,17 +375,7 @@ def main(argv=None) -> int:
     if "llama.cpp" in methods:
         export_ggufs(ckpt, dtypes, gguf_dir)
     gbs = bandwidth_gb_s()
-    report = {"machine": machine(), "versions": versions(PACKAGES), "model": args.model,
-              "checkpoint": ckpt, "bandwidth_gb_s": gbs, "prompt": args.prompt,
-              "new_tokens": args.new, "results": {}}
-    if args.merge and args.out.exists():  # keep the other rows of an earlier run
-        earlier = json.loads(args.out.read_text())
-        report["results"] = earlier.get("results", {})
-        report["model_bytes"] = earlier.get("model_bytes", {})
-        report["runs"] = earlier.get("runs", [])
-    report.setdefault("runs", []).append(
-        {"dtypes": dtypes, "methods": methods, "machine": report["machine"],
-         "bandwidth_gb_s": gbs})
+    report = start_report(args, ckpt, dtypes, methods, gbs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for dtype in dtypes:
         rows = report["results"].setdefault(dtype, {})
@@ -359,9 +395,17 @@ def main(argv=None) -> int:
 
 
 def measure(method: str, ckpt: str, dtype: str, gguf_dir: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, "--checkpoint", ckpt, "--dtype", dtype,
-           "--gguf-dir", str(gguf_dir), "--repeats", str(args.repeats),
-           "--prompt", str(args.prompt), "--new", str(args.new)]
+    """Run one method in its own process (a fresh interpreter: no state shared between rows)."""
+    options = {
+        "--worker": method,
+        "--checkpoint": ckpt,
+        "--dtype": dtype,
+        "--gguf-dir": str(gguf_dir),
+        "--repeats": str(args.repeats),
+        "--prompt": str(args.prompt),
+        "--new": str(args.new),
+    }
+    cmd = [sys.executable, __file__] + [part for pair in options.items() for part in pair]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -387,10 +431,14 @@ def add_ratios(rows: dict) -> None:
 
 def print_table(report: dict) -> None:
     for dtype, rows in report["results"].items():
-        print(f"\n{report['model']} {dtype}  (bandwidth {report['bandwidth_gb_s']:.1f} GB/s, "
-              f"weights {report['model_bytes'][dtype] / 1e6:.0f} MB)")
-        print(f"{'method':<30} {'fwd128 ms':>10} {'fwd512 ms':>10} {'decode tok/s':>13} "
-              f"{'roofline':>9} {'vs hf eager':>12} {'vs llama.cpp':>13} {'warmup s':>9}")
+        print(
+            f"\n{report['model']} {dtype}  (bandwidth {report['bandwidth_gb_s']:.1f} GB/s, "
+            f"weights {report['model_bytes'][dtype] / 1e6:.0f} MB)"
+        )
+        print(
+            f"{'method':<30} {'fwd128 ms':>10} {'fwd512 ms':>10} {'decode tok/s':>13} "
+            f"{'roofline':>9} {'vs hf eager':>12} {'vs llama.cpp':>13} {'warmup s':>9}"
+        )
         for method, row in rows.items():
             if "error" in row or "skipped" in row:
                 why = row.get("skipped") or row["error"].splitlines()[-1]
@@ -399,10 +447,12 @@ def print_table(report: dict) -> None:
             vs = row.get("vs", {})
             hf = vs.get("transformers/eager", {}).get("decode")
             cpp = vs.get("llama.cpp", {}).get("decode")
-            print(f"{method:<30} {row['forward_128_ms']:>10.1f} {row['forward_512_ms']:>10.1f} "
-                  f"{row['decode_tok_s']:>13.1f} {row.get('roofline_fraction', 0):>8.0%} "
-                  f"{f'{hf:.2f}x' if hf else '-':>12} {f'{cpp:.2f}x' if cpp else '-':>13} "
-                  f"{row.get('warmup_s', 0):>9.1f}")
+            print(
+                f"{method:<30} {row['forward_128_ms']:>10.1f} {row['forward_512_ms']:>10.1f} "
+                f"{row['decode_tok_s']:>13.1f} {row.get('roofline_fraction', 0):>8.0%} "
+                f"{f'{hf:.2f}x' if hf else '-':>12} {f'{cpp:.2f}x' if cpp else '-':>13} "
+                f"{row.get('warmup_s', 0):>9.1f}"
+            )
 
 
 if __name__ == "__main__":

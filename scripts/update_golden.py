@@ -1,24 +1,27 @@
-"""Regenerate the snapshots under tests/golden/ (run after an intended change): the
-printed Core IR of the zoo sources and the generated PyTorch and JAX source.
+"""Regenerate the snapshots under tests/golden/ after an intended change.
 
-python scripts/update_golden.py          # rewrite every snapshot
-python scripts/update_golden.py --check  # exit 1 if any snapshot is stale
+The snapshots are the printed Core IR of the zoo sources and the generated PyTorch and
+JAX source:
+
+    python scripts/update_golden.py          # rewrite every snapshot
+    python scripts/update_golden.py --check  # exit 1 if any snapshot is stale
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import test_torch_backend as generated  # noqa: E402
-from tests.test_ir_graphs import GOLDEN, golden_path, golden_text  # noqa: E402
-
 
 def snapshots():
     """(path, text) of every snapshot."""
+    from tests import test_torch_backend as generated
+    from tests.test_ir_graphs import GOLDEN, golden_path, golden_text
+
     for variant, entry in GOLDEN:
         yield golden_path(variant, entry), golden_text(variant, entry)
     for name in generated.TINY:
@@ -29,8 +32,10 @@ def snapshots():
         yield jax_generated.golden_path(name), jax_generated.golden_text(name)
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if any snapshot is stale")
+    check = parser.parse_args(argv).check
     stale = []
     for path, text in snapshots():
         if path.exists() and path.read_text(encoding="utf-8") == text:
@@ -47,4 +52,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

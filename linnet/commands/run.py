@@ -32,6 +32,11 @@ def _locate(target: str, checkpoint, revision):
             return locate(target, checkpoint=checkpoint, revision=revision)
         except HubError as err:
             fail_hub(err)
+        except ValueError as err:  # huggingface_hub refused it as a repo id: a mistyped path
+            if type(err).__name__ != "HFValidationError":
+                raise
+            click.echo(f"error: {target}: no such folder, file, zoo entry or HF repo id", err=True)
+            sys.exit(1)
 
 
 class TextStream:
@@ -81,14 +86,11 @@ def eos_ids(folder, tokenizer) -> list[int]:
 @_REVISION
 def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> None:
     """Generate text greedily with Linnet, streaming tokens as they come."""
-    from transformers import AutoTokenizer
-
     import linnet.torch
-    from linnet.parity import encode_prompts
+    from linnet.parity import encode_prompts, load_tokenizer
 
     found = _locate(target, checkpoint, revision)
-    gguf_file = found.gguf.name if found.gguf else None
-    tokenizer = AutoTokenizer.from_pretrained(found.folder, gguf_file=gguf_file)
+    tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
     if chat is None:
         chat = found.entry.chat if found.entry else bool(tokenizer.chat_template)
     if chat and not tokenizer.chat_template:

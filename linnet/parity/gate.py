@@ -1,0 +1,168 @@
+"""The gate run: load both sides of a checkpoint, measure them by kind, report.
+
+    report = run_gate(folder, entry=entry, dtype="bf16")      # or a .gguf file
+    report = run_gate(folder, ids=[ids], weights="tiny-random", backend="onnx")
+
+The kind (the entry's `kind`, or what the checkpoint's source has) picks the measure:
+decoders on prompts (linnet.parity.decoder), encoders on one padded batch of sentences
+(linnet.parity.encoder), vision models on random pixels (linnet.parity.vision).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from linnet.errors import LinnetError
+from linnet.parity.decoder import measure_decoder
+from linnet.parity.encoder import measure_encoder, pad_batch
+from linnet.parity.models import BACKENDS, checkpoint_kind, load_linnet, load_reference
+from linnet.parity.prompts import encode_prompts, load_tokenizer
+from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
+from linnet.parity.vision import measure_vision, random_pixels
+from linnet.zoo.registry import Entry, Tolerance
+
+#: For a folder that is no zoo entry: the defaults of entries.toml.
+FALLBACK_PROMPTS = ("What is 2 plus 2?", "Say hello.", "Tell me a joke.")
+FALLBACK_SENTENCES = ("A man is eating food.", "The quick brown fox jumps over the lazy dog.")
+
+
+def run_gate(
+    folder: str | os.PathLike,
+    *,
+    entry: Entry | None = None,
+    backend: str = "torch",
+    dtype: str = "f32",
+    device: str = "cpu",
+    prompts=None,
+    ids=None,
+    chat: bool | None = None,
+    weights: str = "real",
+    model=None,
+) -> Report:
+    """Run the gate on a checkpoint folder. Text `prompts` (default: the entry's) go through the
+    checkpoint's tokenizer and, for chat models, its chat template; `ids` (a list of [1, S]
+    LongTensors) skip the tokenizer (random checkpoints have none; encoders pad them into
+    one batch). Vision models take random pixels. `model`: an already loaded Linnet model
+    (tests use it to perturb a weight)."""
+    if backend not in BACKENDS:
+        raise LinnetError(f"backend {backend!r}: available are {', '.join(BACKENDS)}")
+    t0 = time.perf_counter()
+    gate = Gate.of(Path(folder), entry, backend, dtype, device, model)
+    with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
+        gate.tmp = Path(tmp)
+        figures = gate.run(prompts, ids, chat)
+    return Report(
+        entry=entry.name if entry else None,
+        checkpoint=str(gate.path),
+        backend=backend,
+        dtype=gate.dtype,
+        device=str(device),
+        tolerance=gate.tolerance,
+        figures=figures,
+        weights=weights,
+        kind=gate.kind,
+        repo=entry.repo if entry else None,
+        seconds=round(time.perf_counter() - t0, 2),
+        versions=versions(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def tolerance_for(entry: Entry | None, kind: str, backend: str, dtype: str) -> Tolerance:
+    """The entry's tolerance, else the registry's default for this kind of model."""
+    if entry is not None:
+        return entry.tolerance(backend, dtype)
+    from linnet.zoo.registry import registry
+
+    return registry().kind_defaults[kind].tolerance(backend, dtype)
+
+
+@dataclass
+class Gate:
+    """One gate run: the checkpoint, what it is compared as, and a folder for exports."""
+
+    path: Path
+    folder: Path
+    gguf: Path | None
+    entry: Entry | None
+    kind: str
+    backend: str
+    dtype: str
+    device: str
+    tolerance: Tolerance
+    model: object = None  # Linnet's model, when the caller loaded it
+    tmp: Path = Path(".")
+
+    @classmethod
+    def of(cls, path: Path, entry, backend: str, dtype: str, device: str, model) -> Gate:
+        """The gate of a checkpoint folder or .gguf file (its folder holds the tokenizer)."""
+        from linnet.core.dtypes import normalize_dtype
+
+        gguf = path if path.suffix == ".gguf" else None
+        dtype = normalize_dtype(dtype)
+        kind = entry.kind if entry else checkpoint_kind(path)
+        tolerance = tolerance_for(entry, kind, backend, dtype)
+        folder = path.parent if gguf else path
+        return cls(path, folder, gguf, entry, kind, backend, dtype, device, tolerance, model)
+
+    def linnet(self, positions: int | None = None):
+        if self.model is None:
+            args = (self.backend, self.dtype, self.device, positions, self.tmp)
+            self.model = load_linnet(self.path, *args)
+        return self.model
+
+    def reference(self):
+        return load_reference(
+            self.folder, self.dtype, self.entry, self.device, self.gguf, self.kind
+        )
+
+    def run(self, prompts, ids, chat) -> list:
+        """The figures of this kind: vision on random pixels, the others on prompts."""
+        if self.kind == "vision":
+            return self.vision()
+        if ids is None:
+            prompts, ids = self.tokenize(prompts, chat)
+        else:
+            prompts = prompts or [f"ids[{i}] ({t.shape[-1]} tokens)" for i, t in enumerate(ids)]
+        measure = self.encoder if self.kind == "encoder" else self.decoder
+        return measure(prompts, ids)
+
+    def tokenize(self, prompts, chat):
+        """(prompts, ids): the entry's prompts (or the fallback) through the tokenizer."""
+        tokenizer = load_tokenizer(self.folder, self.gguf and self.gguf.name)
+        entry = self.entry
+        if chat is None:
+            chat = entry.chat if entry else self.kind == "decoder" and bool(tokenizer.chat_template)
+        fallback = FALLBACK_SENTENCES if self.kind == "encoder" else FALLBACK_PROMPTS
+        prompts = list(prompts or (entry.prompts if entry else fallback))
+        return prompts, encode_prompts(tokenizer, prompts, chat)
+
+    def decoder(self, prompts, ids) -> list[PromptFigures]:
+        model = self.linnet(max(t.shape[-1] for t in ids))
+        reference = self.reference()
+        return [
+            measure_decoder(model, reference, t.to(self.device), self.tolerance, p)
+            for p, t in zip(prompts, ids, strict=True)
+        ]
+
+    def encoder(self, prompts, ids) -> list[OutputFigures]:
+        from linnet.loading import plan_checkpoint
+
+        pad_id = plan_checkpoint(self.path)[2].get("pad_id", 0)
+        batch, mask = pad_batch(ids, pad_id)
+        model, reference = self.linnet(), self.reference()
+        return measure_encoder(model, reference, batch, mask, self.tolerance, prompts)
+
+    def vision(self) -> list[OutputFigures]:
+        from linnet.loading import plan_checkpoint
+
+        _, source, config, _ = plan_checkpoint(self.path)
+        pixels = random_pixels(config)
+        model, reference = self.linnet(), self.reference()
+        entries = source.entries_for(config)
+        return measure_vision(model, reference, pixels, self.tolerance, entries)

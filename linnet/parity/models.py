@@ -1,0 +1,107 @@
+"""The two sides of the gate: Linnet's model on one backend and transformers' on the same
+weights and dtype, and what kind of model a checkpoint is.
+
+    kind = checkpoint_kind(path)                               # decoder, encoder or vision
+    model = load_linnet(path, "torch", "f32", "cpu", 64, tmp)
+    reference = load_reference(folder, "f32", entry, kind=kind)
+
+Backends: "torch" (linnet.torch.load), "jax" (linnet.jax.load), "onnx" (exported to a
+temporary folder and run by linnet.onnx.load on onnxruntime). A `.gguf` checkpoint is
+compared with transformers' own GGUF loader (dequantized) on the same file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from linnet.errors import CheckpointError, LinnetError
+from linnet.zoo.registry import Entry
+
+BACKENDS = ("torch", "jax", "onnx")
+
+
+def checkpoint_kind(path: Path) -> str:
+    """decoder, encoder or vision: what the checkpoint's source has (`decode`, `embed`,
+    else an image model). Reads the config and headers only."""
+    from linnet.loading import plan_checkpoint
+
+    if path.suffix == ".gguf":
+        return "decoder"
+    _, source, _, _ = plan_checkpoint(path)
+    if "decode" in source.entries:
+        return "decoder"
+    return "encoder" if "embed" in source.entries else "vision"
+
+
+def load_linnet(path: Path, backend: str, dtype: str, device: str, positions: int, tmp: Path):
+    """Linnet's model of a checkpoint (folder or .gguf) on one backend, with a cache of
+    `positions` rows. ONNX goes through an export into `tmp`."""
+    if backend == "torch":
+        import linnet.torch
+
+        return linnet.torch.load(path, dtype=dtype, device=device, max_positions=positions)
+    if device != "cpu":
+        raise LinnetError(f"backend {backend}: the parity gate runs it on the CPU only")
+    if backend == "jax":
+        import linnet.jax
+
+        if path.suffix == ".gguf":
+            raise LinnetError(
+                "backend jax reads HF folders; export the GGUF with `linnet export hf`"
+            )
+        return linnet.jax.load(path, dtype=dtype, max_positions=positions)
+    import linnet.onnx
+
+    out = linnet.onnx.export(
+        path, tmp / "onnx", dtype=dtype, max_positions=positions, progress=False
+    )
+    return linnet.onnx.load(out)
+
+
+def load_reference(
+    folder: Path,
+    dtype: str,
+    entry: Entry | None,
+    device: str = "cpu",
+    gguf: Path | None = None,
+    kind: str = "decoder",
+):
+    """transformers' model on the same weights and dtype (eager attention), checked to be the
+    entry's reference class: a CausalLM (decoders), the base model `AutoModel` gives
+    (encoders), or the entry's class, else the checkpoint's architecture (vision).
+    `gguf`: a GGUF file in `folder`, dequantized by transformers."""
+    import torch
+
+    torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    extra = {}
+    if gguf is not None:
+        from transformers import GgufConfig
+
+        extra = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+    cls = _reference_class(folder, entry, kind)
+    model = cls.from_pretrained(folder, dtype=torch_dtype, attn_implementation="eager", **extra)
+    model = model.to(device)
+    model.eval()
+    if entry is not None and entry.reference_class != type(model).__name__:
+        raise CheckpointError(
+            f"{folder}: transformers loads it as {type(model).__name__}, but zoo entry "
+            f"{entry.name} names {entry.reference} as its reference"
+        )
+    return model
+
+
+def _reference_class(folder: Path, entry: Entry | None, kind: str):
+    """The transformers class that loads the reference of this kind of model."""
+    import transformers
+
+    if kind == "decoder":
+        return transformers.AutoModelForCausalLM
+    if kind == "encoder":
+        return transformers.AutoModel
+    name = entry.reference_class if entry else _read_config(folder)["architectures"][0]
+    return getattr(transformers, name)
+
+
+def _read_config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
