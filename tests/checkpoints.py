@@ -57,109 +57,69 @@ __all__ = [
 # Tiny random checkpoints
 # --------------------------------------------------------------------------------------------
 
-_SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None}
-
+# Source config fields (zoo/llama.linnet, zoo/gpt2.linnet): the weights map writes the
+# config.json (`tiny_config`), as it does for parity CI's scaled-down entries.
 _LLAMA = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-5,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    tie_word_embeddings=False,
-    **_SPECIAL,
+    vocab=256,
+    dim=64,
+    ffn=128,
+    n_layers=2,
+    n_heads=8,
+    n_kv=2,
+    max_positions=128,
+    eps=1e-5,
+    rope_scaling="default",
+    rope_theta=10000.0,
+    tied=False,
 )
 
-#: (HF architecture, variant) -> kwargs of the architecture's config class.
+#: (HF architecture, variant) -> source config fields of the tiny model.
 TINY_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
     # GQA ratio 4 (8 heads, 2 kv heads), head_dim = 64 / 8, untied head, default rope.
     ("LlamaForCausalLM", "base"): dict(_LLAMA),
     # GQA ratio 1: plain multi-head attention.
-    ("LlamaForCausalLM", "mha"): dict(_LLAMA, num_attention_heads=4, num_key_value_heads=4),
+    ("LlamaForCausalLM", "mha"): dict(_LLAMA, n_heads=4, n_kv=4),
     # Explicit head_dim 32 while hidden / heads = 16.
-    ("LlamaForCausalLM", "head_dim"): dict(
-        _LLAMA, num_attention_heads=4, num_key_value_heads=2, head_dim=32
-    ),
+    ("LlamaForCausalLM", "head_dim"): dict(_LLAMA, n_heads=4, n_kv=2, head_dim=32),
     # Bias on q, k, v and o (Llama `attention_bias`).
-    ("LlamaForCausalLM", "attn_bias"): dict(_LLAMA, attention_bias=True),
+    ("LlamaForCausalLM", "attn_bias"): dict(_LLAMA, attn_bias=True),
     # Bias on gate, up and down (Llama `mlp_bias`).
     ("LlamaForCausalLM", "mlp_bias"): dict(_LLAMA, mlp_bias=True),
     # Llama 3.1 rope scaling. head_dim 16, theta 1e4, original context 32: the 8 frequencies
     # fall in all three regimes (kept, smoothed, divided by 8).
     ("LlamaForCausalLM", "llama3"): dict(
         _LLAMA,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 10000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        },
+        n_heads=4,
+        n_kv=2,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_low_freq=1.0,
+        rope_high_freq=4.0,
+        rope_original_max=32,
     ),
     # SmolLM2-like: tied embeddings, 6 heads / 2 kv heads (GQA ratio 3), theta 1e5,
     # hidden 96 (not a power of two), intermediate 96.
     ("LlamaForCausalLM", "tied"): dict(
-        _LLAMA,
-        hidden_size=96,
-        intermediate_size=96,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-        tie_word_embeddings=True,
+        _LLAMA, dim=96, ffn=96, n_heads=6, n_kv=2, rope_theta=100000.0, tied=True
     ),
     # Sliding window 8, shorter than the probe sequence (24): the window changes the output.
-    ("MistralForCausalLM", "base"): dict(_LLAMA, sliding_window=8),
+    ("MistralForCausalLM", "base"): dict(_LLAMA, window=8),
     # Qwen2: bias on q, k, v (none on o); tied like Qwen2.5-0.5B; theta 1e6; vocab 160.
     ("Qwen2ForCausalLM", "base"): dict(
-        _LLAMA,
-        vocab_size=160,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
+        _LLAMA, vocab=160, rope_theta=1000000.0, tied=True, eps=1e-6
     ),
     # Qwen3: per-head q/k rms norm, explicit head_dim 32 while hidden / heads = 16.
     ("Qwen3ForCausalLM", "base"): dict(
-        _LLAMA,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        rms_norm_eps=1e-6,
+        _LLAMA, n_heads=4, n_kv=2, head_dim=32, rope_theta=1000000.0, eps=1e-6
     ),
     # Phi-3: fused qkv_proj and gate_up_proj, multi-head (like Phi-3-mini), no window.
-    ("Phi3ForCausalLM", "base"): dict(
-        _LLAMA,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        original_max_position_embeddings=128,
-        sliding_window=None,
-    ),
+    ("Phi3ForCausalLM", "base"): dict(_LLAMA, n_heads=8, n_kv=8, window=0),
     # Phi-3 with a sliding window of 8 (transformers honours `sliding_window` for Phi-3; the
     # real Phi-3-mini-4k has 2047) and GQA ratio 4.
-    ("Phi3ForCausalLM", "window"): dict(
-        _LLAMA,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        original_max_position_embeddings=128,
-        sliding_window=8,
-    ),
+    ("Phi3ForCausalLM", "window"): dict(_LLAMA, n_heads=8, n_kv=2, window=8),
     # GPT-2: learned positions (n_positions 128), layer norm with bias, Conv1D, tied head.
     ("GPT2LMHeadModel", "base"): dict(
-        vocab_size=199,
-        n_positions=128,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        layer_norm_epsilon=1e-5,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=None,
+        vocab=199, n_positions=128, max_positions=128, dim=64, n_layers=2, n_heads=4, eps=1e-5
     ),
 }
 
@@ -228,21 +188,20 @@ def logit_gaps(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
-def _config_for(arch: str, variant: str):
+def tiny_config(arch: str, fields: dict[str, Any], kind: str = "decoder"):
+    """The transformers config of a tiny `arch` model with these source config fields: the
+    architecture's weights map writes it (model_type included), with token ids inside the
+    vocab, by the path parity CI's scaled-down entries take (`linnet.zoo.scaled`)."""
+    from linnet.zoo.scaled import tiny_hf_config, weights_map_for
     from transformers import AutoConfig
 
-    kwargs = json.loads(json.dumps(TINY_CONFIGS[(arch, variant)]))  # deep copy
-    model_type = {
-        "LlamaForCausalLM": "llama",
-        "MistralForCausalLM": "mistral",
-        "Qwen2ForCausalLM": "qwen2",
-        "Qwen3ForCausalLM": "qwen3",
-        "Phi3ForCausalLM": "phi3",
-        "GPT2LMHeadModel": "gpt2",
-    }[arch]
-    config = AutoConfig.for_model(model_type, **kwargs)
-    config.architectures = [arch]
-    return config
+    fields = json.loads(json.dumps(fields))  # deep copy
+    hf = tiny_hf_config(weights_map_for(arch), fields, kind)
+    return AutoConfig.for_model(hf.pop("model_type"), **hf)
+
+
+def _config_for(arch: str, variant: str):
+    return tiny_config(arch, TINY_CONFIGS[(arch, variant)])
 
 
 @torch.no_grad()
@@ -638,41 +597,19 @@ def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
 # Vision: tiny random image models (ViT, DINOv2, SigLIP vision, ResNet)
 # --------------------------------------------------------------------------------------------
 
-_VIT = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
-    image_size=32,
-    patch_size=8,
-)
+_VIT = dict(dim=32, n_layers=2, n_heads=4, ffn=48, image_size=32, patch=8)
 
-#: HF architecture -> (model_type, config kwargs). Image size 32: a 4 x 4 patch grid.
-VISION_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "ViTModel": ("vit", dict(_VIT)),
-    "ViTForImageClassification": ("vit", dict(_VIT, num_labels=5)),
-    "Dinov2Model": (
-        "dinov2",
-        dict({k: v for k, v in _VIT.items() if k != "intermediate_size"}, mlp_ratio=2),
-    ),
-    "SiglipVisionModel": ("siglip_vision_model", dict(_VIT)),
+#: HF architecture -> source config fields. Image size 32: a 4 x 4 patch grid.
+VISION_CONFIGS: dict[str, dict[str, Any]] = {
+    "ViTModel": dict(_VIT),
+    "ViTForImageClassification": dict(_VIT, n_labels=5),
+    "Dinov2Model": dict(_VIT, ffn=64),  # mlp_ratio 2
+    "SiglipVisionModel": dict(_VIT),
     # basic blocks (ResNet-18's shape): stage 0 keeps its width, so it has no shortcut
-    "ResNetModel": (
-        "resnet",
-        dict(
-            embedding_size=8, hidden_sizes=[8, 12, 16, 24], depths=[2, 1, 2, 1], layer_type="basic"
-        ),
-    ),
+    "ResNetModel": dict(widths=[8, 8, 12, 16, 24], depths=[2, 1, 2, 1], bottleneck=False),
     # bottleneck blocks (ResNet-50's shape) with a classifier
-    "ResNetForImageClassification": (
-        "resnet",
-        dict(
-            embedding_size=8,
-            hidden_sizes=[16, 24, 32, 48],
-            depths=[2, 1, 2, 1],
-            layer_type="bottleneck",
-            num_labels=7,
-        ),
+    "ResNetForImageClassification": dict(
+        widths=[8, 16, 24, 32, 48], depths=[2, 1, 2, 1], bottleneck=True, n_labels=7
     ),
 }
 VISION_BATCH = 2
@@ -715,15 +652,12 @@ def build_tiny_vision(arch: str, out_dir: str | os.PathLike) -> Path:
     """Build the tiny random checkpoint ``VISION_CONFIGS[arch]`` (f32 safetensors, fixed seed)
     into ``out_dir / arch`` and return the folder; reuses a complete earlier build."""
     import transformers
-    from transformers import AutoConfig
 
     target = Path(out_dir) / arch
     marker = target / _MARKER
     if marker.is_file():
         return target
-    model_type, kwargs = VISION_CONFIGS[arch]
-    config = AutoConfig.for_model(model_type, **json.loads(json.dumps(kwargs)))
-    config.architectures = [arch]
+    config = tiny_config(arch, VISION_CONFIGS[arch], "vision")
     torch.manual_seed(_BASE_SEED)
     model = getattr(transformers, arch)(config).eval()
     _init_vision(model, _BASE_SEED)
@@ -763,30 +697,27 @@ def reference_vision(ckpt_dir: str | os.PathLike, pixels: torch.Tensor) -> dict[
 # Kept apart from TINY_CONFIGS (the decoder harness iterates those).
 
 _BERT = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    type_vocab_size=2,
-    layer_norm_eps=1e-12,
-    hidden_act="gelu",
-    pad_token_id=0,
+    vocab=128,
+    dim=32,
+    n_layers=2,
+    n_heads=4,
+    ffn=64,
+    n_positions=64,
+    n_types=2,
+    eps=1e-12,
+    gelu_approx="none",
+    pad_id=0,
 )
 
-#: (HF architecture, variant) -> kwargs of the architecture's config class.
+#: (HF architecture, variant) -> source config fields (zoo/bert.linnet).
 TINY_ENCODER_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
     # erf gelu, absolute positions, two token types (type 0 used), pad id 0.
     ("BertModel", "base"): dict(_BERT),
     # tanh gelu (gelu_new) and a pad id inside the vocab's middle.
-    ("BertModel", "gelu_tanh"): dict(_BERT, hidden_act="gelu_new", pad_token_id=5),
+    ("BertModel", "gelu_tanh"): dict(_BERT, gelu_approx="tanh", pad_id=5),
     # RoBERTa: positions past pad id 1 (so 64 + 2 rows), one token type, eps 1e-5.
-    ("RobertaModel", "base"): dict(
-        _BERT, pad_token_id=1, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5
-    ),
+    ("RobertaModel", "base"): dict(_BERT, pad_id=1, n_positions=66, n_types=1, eps=1e-5),
 }
-ENCODER_MODEL_TYPES = {"BertModel": "bert", "RobertaModel": "roberta"}
 #: Lengths of the padded probe batch: mixed, one full row, one of a single token.
 ENCODER_LENGTHS = (12, 7, 1, 9)
 
@@ -814,13 +745,12 @@ def _init_encoder(model, seed: int) -> None:
 def build_tiny_encoder(arch: str, variant: str, out_dir: str | os.PathLike) -> Path:
     """Build ``TINY_ENCODER_CONFIGS[(arch, variant)]`` (f32 safetensors, with its pooler)
     into ``out_dir / f"{arch}-{variant}"``; reuses a complete earlier build."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     target = Path(out_dir) / f"{arch}-{variant}"
     if (target / "config.json").is_file():
         return target
-    config = AutoConfig.for_model(ENCODER_MODEL_TYPES[arch], **TINY_ENCODER_CONFIGS[arch, variant])
-    config.architectures = [arch]
+    config = tiny_config(arch, TINY_ENCODER_CONFIGS[arch, variant], "encoder")
     torch.manual_seed(_BASE_SEED)
     model = AutoModel.from_config(config, dtype=torch.float32, attn_implementation="eager")
     _init_encoder(model, _BASE_SEED)
@@ -881,33 +811,28 @@ def minilm_snapshot() -> Path:
 # (±3) shorter than the probe's longest row (12), and thetas far apart, so a wrong window
 # or a swapped theta shows. Special ids sit inside the tiny vocab.
 _MODERNBERT = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=64,
-    local_attention=6,
-    global_attn_every_n_layers=3,
-    global_rope_theta=1000.0,
-    local_rope_theta=20.0,
-    pad_token_id=0,
-    bos_token_id=1,
-    cls_token_id=1,
-    eos_token_id=2,
-    sep_token_id=2,
+    vocab=128,
+    dim=32,
+    n_layers=4,
+    n_heads=4,
+    ffn=48,
+    n_positions=64,
+    local_window=6,
+    global_every=3,
+    global_theta=1000.0,
+    local_theta=20.0,
 )
-#: variant -> ModernBertConfig kwargs.
+#: variant -> source config fields (zoo/modernbert.linnet).
 TINY_MODERNBERT_CONFIGS: dict[str, dict[str, Any]] = {
     "base": dict(_MODERNBERT),  # no biases, erf gelu: ModernBERT-base's choices
     # every bias the config can switch on, tanh gelu, global attention every 2 layers
     "biases": dict(
         _MODERNBERT,
         norm_bias=True,
-        attention_bias=True,
+        attn_bias=True,
         mlp_bias=True,
-        hidden_activation="gelu_pytorch_tanh",
-        global_attn_every_n_layers=2,
+        gelu_approx="tanh",
+        global_every=2,
     ),
 }
 
@@ -915,14 +840,13 @@ TINY_MODERNBERT_CONFIGS: dict[str, dict[str, Any]] = {
 def build_tiny_modernbert(variant: str, out_dir: str | os.PathLike, masked_lm: bool = False):
     """``TINY_MODERNBERT_CONFIGS[variant]`` as an f32 ModernBertModel checkpoint (or
     ModernBertForMaskedLM with `masked_lm`) in ``out_dir``; reuses an earlier build."""
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+    from transformers import AutoModel, AutoModelForMaskedLM
 
     arch = "ModernBertForMaskedLM" if masked_lm else "ModernBertModel"
     target = Path(out_dir) / f"{arch}-{variant}"
     if (target / "config.json").is_file():
         return target
-    config = AutoConfig.for_model("modernbert", **TINY_MODERNBERT_CONFIGS[variant])
-    config.architectures = [arch]
+    config = tiny_config(arch, TINY_MODERNBERT_CONFIGS[variant], "encoder")
     torch.manual_seed(_BASE_SEED)
     auto = AutoModelForMaskedLM if masked_lm else AutoModel
     model = auto.from_config(config, dtype=torch.float32, attn_implementation="eager")

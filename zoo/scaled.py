@@ -52,10 +52,17 @@ SPECIAL_IDS = {
 def scaled_config(entry) -> dict:
     """config.json fields (with model_type and architectures) of a tiny model shaped like
     `entry`'s."""
-    weights_map = entry.manifest()
+    weights_map = weights_map_for(entry.architecture)
     real = weights_map.translate_config({**entry.config, "architectures": [entry.architecture]})
     small = shrink(real)
     return tiny_hf_config(weights_map, small, entry.kind, keep=entry.config)
+
+
+def weights_map_for(architecture: str):
+    """The weights map of an HF architecture (weights_maps/*.toml)."""
+    from linnet.weights.manifest import find_manifest
+
+    return find_manifest(architecture)
 
 
 def tiny_hf_config(weights_map, fields: dict, kind: str, keep: dict | None = None) -> dict:
