@@ -37,17 +37,10 @@ from linnet.zoo.registry import registry  # noqa: E402
 from linnet.zoo.scaled import scaled_config  # noqa: E402
 
 from linnet.parity import Report, run_gate, write_record  # noqa: E402
-from tests.checkpoints import (  # noqa: E402
-    MIN_LOGIT_GAP,
-    _init_encoder,
-    _init_vision,
-    _init_weights,
-    _min_probe_gap,
-    build_smollm2,
-    minilm_snapshot,
-    padded_batch,
-    probe_ids,
-)
+from tests.smollm2 import build_smollm2  # noqa: E402
+from tests.tiny_decoders import draw_separated, probe_ids  # noqa: E402
+from tests.tiny_encoders import _init_encoder, minilm_snapshot, padded_batch  # noqa: E402
+from tests.tiny_vision import _init_vision  # noqa: E402
 
 DTYPES = ("f32", "bf16")
 PROBES = (3, 24)  # three prompts of 24 random tokens
@@ -86,19 +79,7 @@ def build_tiny_other(entry, config, out: Path) -> Path:
 
 def build_tiny_decoder(entry, config, out: Path) -> Path:
     """Well separated logits: seeds are tried until greedy choices never tie."""
-    from transformers import AutoModelForCausalLM
-
-    for seed in range(1234, 1254):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32, attn_implementation="eager"
-        )
-        _init_weights(model, seed)
-        model.eval()
-        if _min_probe_gap(model, config.vocab_size)[0] >= MIN_LOGIT_GAP:
-            break
-    else:
-        raise RuntimeError(f"{entry.name}: no seed gave separated logits")
+    model, _, _ = draw_separated(config, entry.name)
     folder = out / entry.name
     model.save_pretrained(folder)
     return folder

@@ -28,6 +28,7 @@ from tests.checkpoints import (
     mean_pooling,
     padded_batch,
     reference_hidden,
+    tiny_config,
     valid_delta,
 )
 from tests.test_export_hf import assert_bit_exact
@@ -135,7 +136,7 @@ def test_hf_export_round_trips_and_transformers_reads_it(built, tmp_path, arch, 
     assert json.loads((out / "config.json").read_text()) == json.loads(
         (src / "config.json").read_text()
     )
-    ids, mask = padded_batch(128, TINY_ENCODER_CONFIGS[arch, variant]["pad_token_id"])
+    ids, mask = padded_batch(128, TINY_ENCODER_CONFIGS[arch, variant]["pad_id"])
     for a, b in zip(reference_hidden(src, ids, mask), reference_hidden(out, ids, mask)):
         assert torch.equal(a, b)
 
@@ -157,12 +158,10 @@ def test_a_masked_lm_checkpoint_loads_its_encoder(tmp_path, arch):
     The pooler is added as bert-base-uncased and roberta-base (pretraining checkpoints)
     have it: the bert source needs one (a checkpoint without fails the plan, naming it)."""
     from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, AutoModelForMaskedLM
+    from transformers import AutoModelForMaskedLM
 
     base = "BertModel" if arch.startswith("Bert") else "RobertaModel"
-    kwargs = TINY_ENCODER_CONFIGS[base, "base"]
-    config = AutoConfig.for_model("bert" if base == "BertModel" else "roberta", **kwargs)
-    config.architectures = [arch]
+    config = tiny_config(arch, TINY_ENCODER_CONFIGS[base, "base"], "encoder")
     torch.manual_seed(0)
     mlm = AutoModelForMaskedLM.from_config(config, attn_implementation="eager").eval()
     mlm.save_pretrained(tmp_path)
