@@ -7,7 +7,7 @@ the extra tensors computed from the config (`[gguf.extra]`). With every tensor's
 declared, `GGUFWriter` writes the header, key/values and tensor infos; then each tensor
 is appended (aligned, as the infos say) block by block: read a few MB, convert, write.
 A tensor the weights map leaves as it is (no transform, nothing to permute) streams from
-the source file that way; others are joined and permuted first (`Manifest.gguf_tensor`).
+the source file that way; others are joined and permuted first (`WeightsMap.gguf_tensor`).
 The file is written under a temporary name and renamed at the end.
 
 Types follow llama.cpp's converter: 1-D tensors (norms, biases) stay F32; `q8_0`
@@ -127,19 +127,19 @@ def write_encoded(src, kind: str, row: int, write) -> None:
 
 
 def plan_items(weights: Weights, dtype: str) -> list[Item]:
-    manifest = weights.manifest
-    spec = manifest.gguf
+    weights_map = weights.weights_map
+    spec = weights_map.gguf
     items = []
     for g in weights.groups:
         name = g.rule.gguf_name(g.bindings)
         if name is None:
             raise UnsupportedArchitecture(
-                f"{manifest.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
+                f"{weights_map.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
             )
         shape = g.joined_shape
         items.append(Item(name, shape, tensor_kind(shape, dtype), group=g))
     for name, rule_name in spec.extra.items():
-        x, _ = extra_rule(rule_name, manifest.path.name).export(weights.config)
+        x, _ = extra_rule(rule_name, weights_map.path.name).export(weights.config)
         if x is not None:
             items.append(Item(name, tuple(x.shape), "f32", data=x.astype(np.float32)))
     return items
@@ -152,17 +152,17 @@ def tensor_source(weights: Weights, it: Item):
     if it.data is not None:
         return it.data
     g = it.group
-    spec = weights.manifest.gguf
+    spec = weights.weights_map.gguf
     if g.source is not None and not g.rule.transforms and not spec.transforms_for(it.name):
         return g.source
     parts = weights.read(g)
-    _, x = weights.manifest.gguf_tensor(g.rule, g.bindings, parts, weights.config)
+    _, x = weights.weights_map.gguf_tensor(g.rule, g.bindings, parts, weights.config)
     return x
 
 
 def model_name(weights: Weights) -> str:
     name = weights.hf_config.get("_name_or_path") or weights.hf_config.get("_model_name_or_path")
-    return str(name or Path(weights.origin).name or weights.manifest.architecture)
+    return str(name or Path(weights.origin).name or weights.weights_map.architecture)
 
 
 def export_gguf(
@@ -179,16 +179,16 @@ def export_gguf(
     import gguf
     from tqdm.auto import tqdm
 
-    manifest = weights.manifest
-    if manifest.gguf is None:
+    weights_map = weights.weights_map
+    if weights_map.gguf is None:
         raise UnsupportedArchitecture(
-            f"{manifest.architecture}: {manifest.path.name} has no [gguf] table "
+            f"{weights_map.architecture}: {weights_map.path.name} has no [gguf] table "
             "(no llama.cpp names)"
         )
     dtype = normalize_dtype(dtype, GGUF_DTYPES)
     out_path = Path(out_path)
     qtypes, ftypes = _types()
-    spec, config = manifest.gguf, weights.config
+    spec, config = weights_map.gguf, weights.config
     items = plan_items(weights, dtype)
 
     writer = bulk_writer()(path=None, arch=spec.arch)
@@ -199,7 +199,7 @@ def export_gguf(
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_metadata(writer, metadata_values(spec, config))
     for rule_name in spec.extra.values():
-        add_metadata(writer, extra_rule(rule_name, manifest.path.name).export(config)[1])
+        add_metadata(writer, extra_rule(rule_name, weights_map.path.name).export(config)[1])
     if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
         copy_tokenizer(writer, Path(weights.origin))
     else:

@@ -1,6 +1,6 @@
 """GGUF import: a llama.cpp file as a `Weights` stream, and as a loaded Linnet model.
 
-The architecture's weights map is chosen by `general.architecture` (the manifests whose
+The architecture's weights map is chosen by `general.architecture` (the weights maps whose
 `[gguf] arch` names it; when several share one, as Llama and Mistral share "llama", the
 one that understands every metadata key the file has, and of those the one with fewest
 keys). The source config comes from the metadata (`[gguf.metadata]`), from which tensors
@@ -11,7 +11,7 @@ read back through the same translation an HF folder takes, so both paths agree.
 Each GGUF tensor is checked against the source's params (name, shape) before any data is
 read; then tensors are dequantized one at a time with the gguf package (F32, F16, BF16,
 Q8_0, Q4_0, Q4_1, and every other type it knows), un-permuted
-(`Manifest.params_from_gguf`) and split into params.
+(`WeightsMap.params_from_gguf`) and split into params.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from linnet.converters.weights_io import (
 )
 
 from linnet.errors import CheckpointError, UnsupportedArchitecture
-from linnet.weights.manifest import Manifest, all_manifests, load_manifest
+from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
 
 # Large tokenizer arrays are left out of the key/values a Weights keeps.
 _BULKY = {
@@ -65,15 +65,15 @@ def read_fields(reader) -> dict[str, Any]:
     return out
 
 
-def choose_manifest(arch: str, fields: dict[str, Any]) -> Manifest:
+def choose_weights_map(arch: str, fields: dict[str, Any]) -> WeightsMap:
     candidates = []
-    for path in all_manifests().values():
-        m = load_manifest(path)
+    for path in all_weights_maps().values():
+        m = load_weights_map(path)
         if m.gguf is not None and m.gguf.arch == arch:
             candidates.append(m)
     if not candidates:
         known = sorted(
-            {m.gguf.arch for m in map(load_manifest, all_manifests().values()) if m.gguf}
+            {m.gguf.arch for m in map(load_weights_map, all_weights_maps().values()) if m.gguf}
         )
         raise UnsupportedArchitecture(
             f"GGUF architecture {arch!r} has no weights map; supported: {', '.join(known)}"
@@ -118,8 +118,8 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise CheckpointError(f"{path}: no general.architecture key", file=str(path))
-    manifest = choose_manifest(arch, fields)
-    spec = manifest.gguf
+    weights_map = choose_weights_map(arch, fields)
+    spec = weights_map.gguf
     tensors = {t.name: t for t in reader.tensors}
 
     values = config_from_metadata(spec, fields)
@@ -127,53 +127,53 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
         values[name] = (flag.tensor in tensors) == flag.present
     for name, rule_name in spec.extra.items():
         if name in tensors:
-            rule = extra_rule(rule_name, manifest.path.name)
+            rule = extra_rule(rule_name, weights_map.path.name)
             values.update(rule.read(tensor_data(tensors[name]), fields))
     stored = _FILE_TYPES.get(int(fields.get("general.file_type", -1)), "f32")
     act = normalize_dtype(act) if act is not None else "f32"
 
-    hf_config = manifest.config_to_hf(values)
+    hf_config = weights_map.config_to_hf(values)
     hf_config.update(special_token_ids(fields))
     hf_config["dtype"] = HF_NAMES[stored]
-    back = manifest.translate_config(hf_config)
+    back = weights_map.translate_config(hf_config)
     for k, v in values.items():
         if k in back and back[k] != v:
             raise AssertionError(f"config round trip: {k} = {v!r} came back as {back[k]!r}")
 
-    source = source_for(manifest)
-    config = full_config(source, manifest, hf_config, act)
+    source = source_for(weights_map)
+    config = full_config(source, weights_map, hf_config, act)
     layout = source.params(config)
     shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
-    groups = _groups(path, manifest, tensors, shapes, layout.tied)
+    groups = _groups(path, weights_map, tensors, shapes, layout.tied)
 
     def read(g: Group) -> list[np.ndarray]:
         x = tensor_data(g.key)
-        return manifest.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
+        return weights_map.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
 
     return Weights(
-        manifest=manifest,
+        weights_map=weights_map,
         source=source,
         config=config,
         hf_config=hf_config,
         dtype=stored,
-        groups=ordered(manifest, groups),
+        groups=ordered(weights_map, groups),
         reader=read,
         gguf_metadata=fields,
         origin=str(path),
     )
 
 
-def _groups(path: Path, manifest: Manifest, tensors: dict, shapes: dict, tied: dict) -> list:
-    spec = manifest.gguf
+def _groups(path: Path, weights_map: WeightsMap, tensors: dict, shapes: dict, tied: dict) -> list:
+    spec = weights_map.gguf
     groups: list[Group] = []
     covered: set[str] = set()
     for name, t in tensors.items():
         if name in spec.extra:
             continue
-        found = manifest.match_gguf(name)
+        found = weights_map.match_gguf(name)
         if found is None:
             raise CheckpointError(
-                f"{path}: GGUF tensor {name}: {manifest.path.name} maps no param to it",
+                f"{path}: GGUF tensor {name}: {weights_map.path.name} maps no param to it",
                 tensor=name,
             )
         rule, bindings = found
@@ -184,7 +184,7 @@ def _groups(path: Path, manifest: Manifest, tensors: dict, shapes: dict, tied: d
         if unknown:
             raise CheckpointError(
                 f"{path}: GGUF tensor {name} maps to {', '.join(unknown)}, which the "
-                f"{manifest.source} source does not have for this config",
+                f"{weights_map.source} source does not have for this config",
                 tensor=name,
             )
         g = Group(rule, bindings, targets, tuple(shapes[p] for p in targets),
@@ -200,7 +200,7 @@ def _groups(path: Path, manifest: Manifest, tensors: dict, shapes: dict, tied: d
         groups.append(g)
     missing = sorted(set(shapes) - covered - set(tied))
     if missing:
-        found = manifest.rule_for_param(missing[0])
+        found = weights_map.rule_for_param(missing[0])
         gname = found[0].gguf_name(found[1]) if found else None
         raise CheckpointError(
             f"{path}: missing GGUF tensor {gname or '?'} (for param {missing[0]})"
@@ -227,7 +227,7 @@ def load(
     from linnet.runtime import TorchModel
 
     w = weights_from_gguf(path, act=dtype)
-    overrides = w.manifest.translate_config(w.hf_config)
+    overrides = w.weights_map.translate_config(w.hf_config)
     overrides["act"] = w.config["act"]
     limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
     overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
@@ -258,15 +258,15 @@ def plan_text(path: str | Path) -> str:
     w = weights_from_gguf(path)
     lines = [
         f"gguf          {w.gguf_metadata.get('general.architecture')} -> "
-        f"{w.manifest.architecture}  (weights map {w.manifest.path.name})",
-        f"source        {w.manifest.source}",
+        f"{w.weights_map.architecture}  (weights map {w.weights_map.path.name})",
+        f"source        {w.weights_map.source}",
         "config        " + " ".join(f"{k}={v}" for k, v in w.config.items()),
         "",
     ]
     rows = [("GGUF tensor", "shape", "type", "transform", "params")]
     for g in w.groups:
         t = g.key
-        ts = w.manifest.gguf.transforms_for(t.name)
+        ts = w.weights_map.gguf.transforms_for(t.name)
         steps = [f"rope_unpermute({x.field})" for x in ts]
         if g.rule.split_axis is not None:
             steps.append(f"split[{g.rule.split_axis}]")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import ConfigError, LinnetError
-from linnet.weights.manifest import _MISSING, GgufSpec
+from linnet.weights.maps import MISSING, GgufSpec
 
 # ----------------------------------------------------------------------------------------
 # Metadata values
@@ -43,7 +43,7 @@ def metadata_values(spec: GgufSpec, config: Mapping) -> list[tuple[str, Any, str
     out = []
     for pattern, k in spec.metadata.items():
         value = config.get(k.field)
-        if value is None or (k.omit is not _MISSING and value == k.omit):
+        if value is None or (k.omit is not MISSING and value == k.omit):
             continue
         key = spec.key(pattern)
         out.append((key, _coerce(value, k.type, key), k.type))

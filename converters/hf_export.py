@@ -64,7 +64,7 @@ class Entry:
     name: str
     shape: tuple[int, ...]
     nbytes: int
-    data: np.ndarray | None = None  # a manifest buffer (num_batches_tracked), written as is
+    data: np.ndarray | None = None  # a weights-map buffer (num_batches_tracked), written as is
     st_dtype: str = ""  # its safetensors dtype
 
 
@@ -73,9 +73,9 @@ _BUFFER_ST = {"i64": "I64"}
 
 
 def buffer_entries(weights: Weights, hf_name: str) -> list[Entry]:
-    """The manifest's buffers beside tensor `hf_name` (scalars of their declared value)."""
+    """The weights_map's buffers beside tensor `hf_name` (scalars of their declared value)."""
     out = []
-    for name, b in weights.manifest.buffers_beside(hf_name):
+    for name, b in weights.weights_map.buffers_beside(hf_name):
         data = np.array(b.value, dtype=_BUFFER_NP[b.dtype])
         out.append(Entry(None, name, (), data.nbytes, data, _BUFFER_ST[b.dtype]))
     return out

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import CheckpointError, ConfigError
-from linnet.weights.manifest import Manifest, Rule
+from linnet.weights.maps import Rule, WeightsMap
 
 DTYPES = ("f32", "f16", "bf16")
 NP_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
@@ -301,7 +301,7 @@ class Group:
 
 @dataclass
 class Weights:
-    manifest: Manifest
+    weights_map: WeightsMap
     source: Any  # linnet.source.Source
     config: dict  # the source config, max_positions uncapped (what config.json says)
     hf_config: dict
@@ -330,19 +330,19 @@ class Weights:
         return max((g.numel for g in self.groups), default=0)
 
 
-def full_config(source, manifest: Manifest, hf_config: dict, act: str) -> dict:
+def full_config(source, weights_map: WeightsMap, hf_config: dict, act: str) -> dict:
     """The source config of `hf_config` with the context length config.json gives (the
     loader caps the cache it allocates; metadata must carry the real value)."""
-    overrides = manifest.translate_config(hf_config)
+    overrides = weights_map.translate_config(hf_config)
     overrides["act"] = act
     return source.config(overrides)
 
 
-def ordered(manifest: Manifest, groups: list[Group]) -> list[Group]:
+def ordered(weights_map: WeightsMap, groups: list[Group]) -> list[Group]:
     """Layer order, as llama.cpp's converter writes: the globals the weights map lists
     before its first per-layer rule, then each layer's tensors in rule order, then the
     remaining globals (final norm, head)."""
-    index = {id(r): k for k, r in enumerate(manifest.rules)}
+    index = {id(r): k for k, r in enumerate(weights_map.rules)}
     first_layer = min((index[id(g.rule)] for g in groups if g.layer), default=0)
 
     def key(g: Group) -> tuple:
@@ -379,13 +379,13 @@ def from_folder(path: str | Path) -> Weights:
 
     plan, source, config, hf_config = plan_checkpoint(path)
     plan.check()
-    manifest = plan.manifest
+    weights_map = plan.weights_map
     headers = plan.checkpoint.headers()
     groups, dtypes = [], set()
     for row in plan.rows:
         if not row.loads:
             continue
-        rule, bindings = manifest.match(row.hf, plan.params)
+        rule, bindings = weights_map.match(row.hf, plan.params)
         dtype = ST_DTYPES[row.dtype]
         dtypes.add(dtype)
         shapes = tuple(plan.params[p] for p in row.params)
@@ -399,12 +399,12 @@ def from_folder(path: str | Path) -> Weights:
     stored = dtypes.pop() if len(dtypes) == 1 else "f32"
     folder = Path(path)
     return Weights(
-        manifest=manifest,
+        weights_map=weights_map,
         source=source,
-        config=full_config(source, manifest, hf_config, config["act"]),
+        config=full_config(source, weights_map, hf_config, config["act"]),
         hf_config=hf_config,
         dtype=stored,
-        groups=ordered(manifest, groups),
+        groups=ordered(weights_map, groups),
         reader=reader,
         tokenizer_dir=folder if _has_tokenizer(folder) else None,
         origin=str(folder),
@@ -424,7 +424,7 @@ def from_model(
     """A loaded `TorchModel` (its params as they are; tied params are not exported twice).
     `tokenizer`: a folder whose tokenizer files go with the export (a model loaded by
     `linnet.gguf.load` carries its own)."""
-    from linnet.weights.manifest import find_manifest
+    from linnet.weights.maps import find_weights_map
 
     hf_config = dict(getattr(model, "hf_config", None) or {})
     arch = architecture or (hf_config.get("architectures") or [None])[0]
@@ -433,16 +433,16 @@ def from_model(
             "the model has no HF config (it was not loaded from a checkpoint): pass "
             "architecture= (e.g. 'LlamaForCausalLM') to choose the weights map"
         )
-    manifest = find_manifest(arch)
+    weights_map = find_weights_map(arch)
     act = model.config.get("act", "f32")
     if not hf_config:
-        hf_config = manifest.config_to_hf(model.config)
+        hf_config = weights_map.config_to_hf(model.config)
         hf_config["dtype"] = HF_NAMES[act]
-    config = full_config(model.source, manifest, hf_config, act)
+    config = full_config(model.source, weights_map, hf_config, act)
     params = model.params
     shapes = {n: tuple(t.shape) for n, t in params.items()}
     groups = []
-    for rule, bindings in manifest.groups(params):
+    for rule, bindings in weights_map.groups(params):
         targets = rule.targets(bindings)
         dtype = _TORCH_NAMES.get(str(params[targets[0]].dtype), "f32")
         name = rule.hf_name(bindings)
@@ -455,12 +455,12 @@ def from_model(
 
     tok = tokenizer or getattr(model, "tokenizer_dir", None)
     return Weights(
-        manifest=manifest,
+        weights_map=weights_map,
         source=model.source,
         config=config,
         hf_config=hf_config,
         dtype=act,
-        groups=ordered(manifest, groups),
+        groups=ordered(weights_map, groups),
         reader=reader,
         tokenizer_dir=Path(tok) if tok else None,
         gguf_metadata=getattr(model, "gguf_metadata", None),

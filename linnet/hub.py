@@ -323,16 +323,16 @@ def plan_for(ckpt, dtype: str | None = None):
     as `linnet.loading.plan_checkpoint` makes it for a folder."""
     from linnet.core.dtypes import normalize_dtype
     from linnet.loading import DEFAULT_MAX_POSITIONS, source_for
-    from linnet.weights.manifest import find_manifest
+    from linnet.weights.maps import find_weights_map
     from linnet.weights.plan import make_plan
 
     hf_config = ckpt.read_config()
     archs = hf_config.get("architectures") or []
     if not archs:
         raise CheckpointError(f"{ckpt.config_path}: no `architectures` field")
-    manifest = find_manifest(archs[0])
-    source = source_for(manifest)
-    overrides = manifest.translate_config(hf_config)
+    weights_map = find_weights_map(archs[0])
+    source = source_for(weights_map)
+    overrides = weights_map.translate_config(hf_config)
     overrides["act"] = normalize_dtype(dtype) if dtype else overrides.get("act", "f32")
     if "max_positions" in source.fields:  # a source with a cache (encoders have none)
         overrides["max_positions"] = min(
@@ -341,7 +341,7 @@ def plan_for(ckpt, dtype: str | None = None):
     config = source.config(overrides)
     layout = source.params(config)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
-    return make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
+    return make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
 
 
 # -- verification -------------------------------------------------------------------------

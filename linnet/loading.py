@@ -10,7 +10,7 @@ from pathlib import Path
 from linnet.core.dtypes import normalize_dtype
 from linnet.errors import CheckpointError
 from linnet.source import Source
-from linnet.weights.manifest import Manifest, find_manifest
+from linnet.weights.maps import WeightsMap, find_weights_map
 from linnet.weights.plan import Plan, make_plan
 from linnet.weights.safetensors_io import Checkpoint
 
@@ -19,10 +19,10 @@ from linnet.weights.safetensors_io import Checkpoint
 DEFAULT_MAX_POSITIONS = 4096
 
 
-def source_for(manifest: Manifest) -> Source:
+def source_for(weights_map: WeightsMap) -> Source:
     from linnet.zoo import source_path
 
-    return Source.load(source_path(manifest.source))
+    return Source.load(source_path(weights_map.source))
 
 
 def plan_checkpoint(
@@ -37,9 +37,9 @@ def plan_checkpoint(
             f"{ckpt.config_path}: no `architectures` field, so no weights map can be chosen",
             file=str(ckpt.config_path),
         )
-    manifest = find_manifest(archs[0])
-    source = source_for(manifest)
-    overrides = manifest.translate_config(hf_config)
+    weights_map = find_weights_map(archs[0])
+    source = source_for(weights_map)
+    overrides = weights_map.translate_config(hf_config)
     if dtype is not None:
         overrides["act"] = normalize_dtype(dtype)
     overrides.setdefault("act", "f32")
@@ -49,7 +49,7 @@ def plan_checkpoint(
     config = source.config(overrides)
     layout = source.params(config)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
-    plan = make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
+    plan = make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
     return plan, source, config, hf_config
 
 

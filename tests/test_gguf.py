@@ -172,7 +172,7 @@ def test_metadata_and_names(tiny_gguf):
 def test_rope_permutation_is_llama_cpps():
     """The weights map's permutation is convert_hf_to_gguf.py's LlamaModel.permute, and
     its inverse undoes it (weights and biases, GQA head counts)."""
-    from linnet.weights.manifest import rope_permute, rope_unpermute
+    from linnet.weights.maps import rope_permute, rope_unpermute
 
     def reference(w, n_head):  # llama.cpp, conversion/llama.py
         return (

@@ -3,7 +3,7 @@
 `make_plan` reads the safetensors headers (never tensor data) and checks, before
 anything is loaded, that every param the source expects is covered exactly once,
 that every HF tensor is mapped or declared ignorable, that each tensor's shape is
-what the manifest's inverse transform of its params' shapes gives, and that its
+what the weights map's inverse transform of its params' shapes gives, and that its
 dtype is a float dtype. Each problem names the tensor at fault. `Plan.load`
 then streams params one HF tensor at a time.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from linnet.core.dtypes import DTYPES
 from linnet.core.dtypes import FLOAT_DTYPES as ACT_DTYPES
 from linnet.errors import CheckpointError, ConfigError
-from linnet.weights.manifest import Manifest, Rule
+from linnet.weights.maps import Rule, WeightsMap
 from linnet.weights.safetensors_io import FLOAT_DTYPES, Checkpoint
 
 DTYPE_NAMES = {name: DTYPES[name].numpy for name in ACT_DTYPES}  # what a plan may cast to
@@ -64,7 +64,7 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 @dataclass
 class Plan:
     checkpoint: Checkpoint
-    manifest: Manifest
+    weights_map: WeightsMap
     config: dict[str, Any] | None
     dtype: str
     rows: list[PlanRow]
@@ -74,11 +74,11 @@ class Plan:
 
     @property
     def architecture(self) -> str:
-        return self.manifest.architecture
+        return self.weights_map.architecture
 
     @property
     def source(self) -> str:
-        return self.manifest.source
+        return self.weights_map.source
 
     def check(self) -> Plan:
         """Raise CheckpointError for the first problem (with a count of the rest)."""
@@ -132,7 +132,7 @@ class Plan:
     def format(self) -> str:
         """A readable table: architecture, source, config, then one row per HF tensor."""
         lines = [
-            f"architecture  {self.architecture}  (weights map {self.manifest.path.name})",
+            f"architecture  {self.architecture}  (weights map {self.weights_map.path.name})",
             f"source        {self.source}",
         ]
         if self.config is not None:
@@ -172,7 +172,7 @@ class Plan:
 
 def make_plan(
     checkpoint: Checkpoint,
-    manifest: Manifest,
+    weights_map: WeightsMap,
     params: Mapping[str, tuple[int, ...]],
     tied: Mapping[str, str] | None = None,
     dtype: str = "bf16",
@@ -180,14 +180,14 @@ def make_plan(
     config: dict[str, Any] | None = None,
 ) -> Plan:
     """Match `checkpoint`'s tensors to the source's `params` (name -> shape) through
-    `manifest`, reading headers only. `tied` maps a param to the param it aliases (it
+    `weights_map`, reading headers only. `tied` maps a param to the param it aliases (it
     needs no tensor). `config`: the translated source config, shown by `format()`
     (by default it is translated from the checkpoint's config.json)."""
     tied = dict(tied or {})
     params = {k: tuple(int(d) for d in v) for k, v in params.items()}
     if config is None:
         try:
-            config = manifest.translate_config(checkpoint.read_config())
+            config = weights_map.translate_config(checkpoint.read_config())
         except ConfigError:
             config = None
     if dtype not in DTYPE_NAMES:
@@ -204,7 +204,7 @@ def make_plan(
     covered: dict[str, str] = {}
     rows: list[PlanRow] = []
     problems: list[Problem] = []
-    src = f"the {manifest.source} source"
+    src = f"the {weights_map.source} source"
 
     headers = checkpoint.headers()
     for name in sorted(headers, key=_natural):
@@ -212,15 +212,15 @@ def make_plan(
         row = PlanRow(name, info.shape, info.dtype, "", ())
         rows.append(row)
         desc = f"{info.dtype}{_shape_text(info.shape)}"
-        found = manifest.match(name, params)
+        found = weights_map.match(name, params)
         if found is None:
-            if manifest.is_ignored(name):
+            if weights_map.is_ignored(name):
                 row.note = "ignored"
             else:
                 row.note = "unexpected"
                 problems.append(
                     Problem(
-                        f"unexpected tensor {name} {desc}: {manifest.path.name} maps no "
+                        f"unexpected tensor {name} {desc}: {weights_map.path.name} maps no "
                         "param to it and does not list it as ignorable",
                         name,
                     )
@@ -311,25 +311,25 @@ def make_plan(
         if p in covered:
             continue
         shape = _shape_text(expected[p])
-        found = manifest.rule_for_param(p)
+        found = weights_map.rule_for_param(p)
         if found is None:
             problems.append(
-                Problem(f"param {p} {shape}: no rule of {manifest.path.name} produces it", None)
+                Problem(f"param {p} {shape}: no rule of {weights_map.path.name} produces it", None)
             )
             continue
         rule, bindings = found
         hf = rule.hf_name(bindings)
         if hf in headers or (
-            manifest.hf_prefix
-            and hf.startswith(manifest.hf_prefix)
-            and hf[len(manifest.hf_prefix) :] in headers
+            weights_map.hf_prefix
+            and hf.startswith(weights_map.hf_prefix)
+            and hf[len(weights_map.hf_prefix) :] in headers
         ):
             continue  # present but rejected above; that problem names it already
         problems.append(Problem(f"missing tensor {hf} (for param {p} {shape})", hf))
 
     return Plan(
         checkpoint=checkpoint,
-        manifest=manifest,
+        weights_map=weights_map,
         config=config,
         dtype=dtype,
         rows=rows,
