@@ -22,19 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_names import add_metadata, extra_rule, metadata_values
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
-from linnet.converters.weights_io import (
-    Group,
-    Weights,
-    blocks,
-    cast_into,
-    normalize_dtype,
-    write_converted,
-)
 
 from linnet.atomic import atomic_path
 from linnet.errors import UnsupportedArchitecture
+from linnet.weights.casting import blocks, cast_into, normalize_dtype, write_converted
+from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
+from linnet.weights.stream import Group, Weights
 
 GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
 ROW_BLOCK = 1 << 22  # elements quantized per call

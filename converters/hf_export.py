@@ -27,20 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from linnet.converters.weights_io import (
-    HF_NAMES,
-    NP_DTYPES,
-    ST_NAMES,
-    TOKENIZER_DIRS,
-    TOKENIZER_FILES,
-    Group,
-    Weights,
-    normalize_dtype,
-    write_converted,
-)
 
 from linnet.atomic import atomic_path
 from linnet.errors import ConfigError
+from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, normalize_dtype, write_converted
+from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Group, Weights
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

@@ -678,7 +678,7 @@ def locate(
         registry = default_registry()
     path = Path(target).expanduser()
     if checkpoint is None and path.is_file() and path.suffix == ".gguf":
-        from linnet.converters.gguf_import import weights_from_gguf
+        from linnet.weights.gguf_reader import weights_from_gguf
 
         config = weights_from_gguf(path).hf_config  # metadata only
         return Target(folder=path.parent, entry=registry.match_config(config), gguf=path)

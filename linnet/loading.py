@@ -19,6 +19,12 @@ from linnet.weights.safetensors_io import Checkpoint
 DEFAULT_MAX_POSITIONS = 4096
 
 
+def cache_length(overrides: dict, max_positions: int | None) -> int:
+    """The KV-cache rows to allocate: `max_positions` if given, else the context capped."""
+    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
+    return max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+
+
 def source_for(weights_map: WeightsMap) -> Source:
     from linnet.zoo import source_path
 
@@ -44,12 +50,9 @@ def plan_checkpoint(
         overrides["act"] = normalize_dtype(dtype)
     overrides.setdefault("act", "f32")
     if "max_positions" in source.fields:  # a source with a cache: cap its length
-        limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
-        overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
+        overrides["max_positions"] = cache_length(overrides, max_positions)
     config = source.config(overrides)
     layout = source.params(config)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
     plan = make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
     return plan, source, config, hf_config
-
-

@@ -45,7 +45,7 @@ def export(
     cache the decode model holds (default: the context, capped at 4096).
     The folder is written under a temporary name and renamed when complete."""
     from linnet.converters.onnx_export import export_onnx
-    from linnet.converters.weights_io import open_weights
+    from linnet.weights.stream import open_weights
 
     weights = open_weights(model, architecture=architecture, tokenizer=tokenizer)
     try:

@@ -166,3 +166,14 @@ def extra_rule(name: str, where: str) -> ExtraRule:
             f"{where}: unknown [gguf.extra] rule {name!r} (known: {', '.join(EXTRA)})"
         )
     return EXTRA[name]
+
+
+def special_token_ids(fields: Mapping[str, Any]) -> dict[str, int]:
+    """bos/eos/pad/unk token ids from a GGUF file's key/values, as config.json names them."""
+    out = {}
+    names = {"bos": "bos", "eos": "eos", "pad": "padding", "unk": "unknown"}
+    for kind, gguf_kind in names.items():
+        key = f"tokenizer.ggml.{gguf_kind}_token_id"
+        if key in fields:
+            out[f"{kind}_token_id"] = int(fields[key])
+    return out

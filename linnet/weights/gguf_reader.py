@@ -1,4 +1,11 @@
-"""GGUF import: a llama.cpp file as a `Weights` stream, and as a loaded Linnet model.
+"""The GGUF reader: a llama.cpp file as a `Weights` stream (source, config, params).
+
+    w = weights_from_gguf("model.gguf")        # headers checked, nothing dequantized yet
+    for group, arrays in w: ...                # one tensor at a time, dequantized
+    print(plan_text("model.gguf"))             # `linnet plan` for a GGUF file
+
+The front doors load a GGUF file through `linnet.weights.checkpoint.open_checkpoint`,
+as they load a safetensors folder.
 
 The architecture's weights map is chosen by `general.architecture` (the weights maps whose
 `[gguf] arch` names it; when several share one, as Llama and Mistral share "llama", the
@@ -20,19 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_names import config_from_metadata, extra_rule
-from linnet.converters.gguf_tokenizer import special_token_ids
-from linnet.converters.weights_io import (
-    HF_NAMES,
-    Group,
-    Weights,
-    full_config,
-    normalize_dtype,
-    ordered,
-)
 
 from linnet.errors import CheckpointError, UnsupportedArchitecture
+from linnet.weights.casting import HF_NAMES, normalize_dtype
+from linnet.weights.gguf_metadata import config_from_metadata, extra_rule, special_token_ids
 from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
+from linnet.weights.stream import Group, Weights, full_config, ordered
 
 # Large tokenizer arrays are left out of the key/values a Weights keeps.
 _BULKY = {
@@ -208,49 +208,6 @@ def _groups(path: Path, weights_map: WeightsMap, tensors: dict, shapes: dict, ti
             tensor=gname,
         )
     return groups
-
-
-def load(
-    path: str | Path,
-    *,
-    dtype=None,
-    device="cpu",
-    numerics: str = "equivalent",
-    max_positions: int | None = None,
-    mode: str = "interpret",
-):
-    """A GGUF file as a Linnet model on PyTorch (dequantized; default dtype f32)."""
-    import torch
-    from linnet.converters.weights_io import to_torch
-
-    from linnet.loading import DEFAULT_MAX_POSITIONS
-    from linnet.runtime import TorchModel
-
-    w = weights_from_gguf(path, act=dtype)
-    overrides = w.weights_map.translate_config(w.hf_config)
-    overrides["act"] = w.config["act"]
-    limit = overrides.get("max_positions", DEFAULT_MAX_POSITIONS)
-    overrides["max_positions"] = max_positions or min(limit, DEFAULT_MAX_POSITIONS)
-    config = w.source.config(overrides)
-    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[
-        config["act"]
-    ]
-    params = {}
-    for g in w.groups:
-        for name, x in zip(g.params, w.read(g), strict=True):
-            params[name] = to_torch(x, torch_dtype).to(device)
-    model = TorchModel(
-        w.source,
-        config,
-        params,
-        device=device,
-        numerics=numerics,
-        mode=mode,
-        hf_config=w.hf_config,
-    )
-    model.gguf_metadata = w.gguf_metadata
-    model.origin = w.origin
-    return model
 
 
 def plan_text(path: str | Path) -> str:
