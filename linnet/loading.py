@@ -56,3 +56,24 @@ def plan_checkpoint(
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
     plan = make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
     return plan, source, config, hf_config
+
+
+def onnx_folder_for(path: str | Path, *, max_positions: int | None = None) -> Path:
+    """An ONNX export of a checkpoint folder or `.gguf` file, made once into the cache
+    (`$LINNET_CACHE/onnx/`, keyed by the files' names, sizes and times) and reused."""
+    import hashlib
+
+    import linnet.onnx
+    from linnet.hub import linnet_cache
+
+    path = Path(path).expanduser().resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    key = hashlib.sha256(repr(max_positions).encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    out = linnet_cache() / "onnx" / f"{path.stem}-{key.hexdigest()[:16]}"
+    if not (out / "linnet.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        linnet.onnx.export(path, out, max_positions=max_positions, overwrite=True, progress=False)
+    return out
