@@ -28,7 +28,8 @@ from linnet.atomic import atomic_path
 from linnet.errors import UnsupportedArchitecture
 from linnet.weights.casting import blocks, cast_into, normalize_dtype, write_converted
 from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
-from linnet.weights.stream import Group, Weights
+from linnet.weights.stream import Weights
+from linnet.weights.tensor_group import TensorGroup
 
 GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
 ROW_BLOCK = 1 << 22  # elements quantized per call
@@ -84,7 +85,7 @@ class Item:
     name: str
     shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
     kind: str  # f32 / f16 / bf16 / q8_0
-    group: Group | None = None
+    group: TensorGroup | None = None
     data: np.ndarray | None = None  # extra tensors, computed up front (small)
 
     @property

@@ -31,7 +31,8 @@ import numpy as np
 from linnet.atomic import atomic_path
 from linnet.errors import ConfigError
 from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, normalize_dtype, write_converted
-from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Group, Weights
+from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
+from linnet.weights.tensor_group import TensorGroup
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -51,7 +52,7 @@ def parse_size(size: int | str) -> int:
 
 @dataclass
 class Entry:
-    group: Group | None
+    group: TensorGroup | None
     name: str
     shape: tuple[int, ...]
     nbytes: int

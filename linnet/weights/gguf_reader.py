@@ -23,6 +23,7 @@ Q8_0, Q4_0, Q4_1, and every other type it knows), un-permuted
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ from linnet.errors import CheckpointError, UnsupportedArchitecture
 from linnet.weights.casting import HF_NAMES, normalize_dtype
 from linnet.weights.gguf_metadata import config_from_metadata, extra_rule, special_token_ids
 from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
-from linnet.weights.stream import Group, Weights, full_config, ordered
+from linnet.weights.stream import Weights, full_config, ordered
+from linnet.weights.tensor_group import TensorGroup
 
 # Large tokenizer arrays are left out of the key/values a Weights keeps.
 _BULKY = {
@@ -144,9 +146,9 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
     config = full_config(source, weights_map, hf_config, act)
     layout = source.params(config)
     shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
-    groups = _groups(path, weights_map, tensors, shapes, layout.tied)
+    groups = _groups(path, weights_map, tensors, shapes, layout.tied, config["act"])
 
-    def read(g: Group) -> list[np.ndarray]:
+    def read(g: TensorGroup) -> list[np.ndarray]:
         x = tensor_data(g.key)
         return weights_map.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
 
@@ -163,50 +165,45 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
     )
 
 
-def _groups(path: Path, weights_map: WeightsMap, tensors: dict, shapes: dict, tied: dict) -> list:
-    spec = weights_map.gguf
-    groups: list[Group] = []
-    covered: set[str] = set()
-    for name, t in tensors.items():
-        if name in spec.extra:
-            continue
-        found = weights_map.match_gguf(name)
-        if found is None:
-            raise CheckpointError(
-                f"{path}: GGUF tensor {name}: {weights_map.path.name} maps no param to it",
-                tensor=name,
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    """A GGUF tensor's header: numpy-order shape and its ggml type name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "F32", "Q4_1", ...
+
+
+class GgufCheckpoint:
+    """A GGUF file's tensor headers, as a load plan reads a safetensors folder's."""
+
+    def __init__(self, path: Path, tensors: dict):
+        self.folder = path
+        self.tensors = tensors
+
+    def headers(self) -> dict[str, GgufTensorInfo]:
+        return {
+            name: GgufTensorInfo(
+                name, tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type.name
             )
-        rule, bindings = found
-        targets = rule.targets(bindings)
-        if all(p in tied for p in targets):
-            continue  # a tied head stored anyway
-        unknown = [p for p in targets if p not in shapes]
-        if unknown:
-            raise CheckpointError(
-                f"{path}: GGUF tensor {name} maps to {', '.join(unknown)}, which the "
-                f"{weights_map.source} source does not have for this config",
-                tensor=name,
-            )
-        g = Group(rule, bindings, targets, tuple(shapes[p] for p in targets),
-                  rule.hf_name(bindings), t, _dtype_of(t))  # fmt: skip
-        have = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if have != g.joined_shape:
-            raise CheckpointError(
-                f"{path}: GGUF tensor {name} has shape {list(have)}, expected "
-                f"{list(g.joined_shape)} (for {', '.join(targets)})",
-                tensor=name,
-            )
-        covered.update(targets)
-        groups.append(g)
-    missing = sorted(set(shapes) - covered - set(tied))
-    if missing:
-        found = weights_map.rule_for_param(missing[0])
-        gname = found[0].gguf_name(found[1]) if found else None
-        raise CheckpointError(
-            f"{path}: missing GGUF tensor {gname or '?'} (for param {missing[0]})"
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
-            tensor=gname,
-        )
+            for name, t in self.tensors.items()
+        }
+
+
+def _groups(path: Path, weights_map: WeightsMap, tensors: dict, shapes: dict, tied: dict, act):
+    """The file's tensors planned against the source's params (every problem raised
+    first), as the groups of a stream."""
+    from linnet.weights.plan import make_plan
+    from linnet.weights.plan_checks import GGUF_NAMES
+
+    plan = make_plan(
+        GgufCheckpoint(path, tensors), weights_map, shapes, tied, act, config={}, names=GGUF_NAMES
+    )
+    plan.check()
+    groups = [row for row in plan.rows if row.loads]
+    for g in groups:
+        g.key, g.read_dtype = tensors[g.hf], _dtype_of(tensors[g.hf])
+        g.hf = g.rule.hf_name(g.bindings)  # writers name groups by their HF tensor
     return groups
 
 

@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from linnet.core.dtypes import DTYPES as DTYPE_TABLE
+from linnet.core.dtypes import FLOAT_DTYPES
 from linnet.errors import CheckpointError, ConfigError
 from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_DTYPES, from_torch
-from linnet.weights.maps import Rule, WeightsMap
+from linnet.weights.maps import WeightsMap
+from linnet.weights.tensor_group import TensorGroup
 
 # Tokenizer and chat-template files an HF export copies from the source folder.
 TOKENIZER_FILES = (
@@ -48,51 +51,6 @@ TOKENIZER_FILES = (
 TOKENIZER_DIRS = ("additional_chat_templates",)
 
 
-# ----------------------------------------------------------------------------------------
-# Groups
-
-
-@dataclass
-class Group:
-    """One rule instance: one HF tensor (and one GGUF tensor) and the params it holds."""
-
-    rule: Rule
-    bindings: dict[str, str]
-    params: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]  # the params' shapes
-    hf_name: str  # as the original checkpoint names it (prefix or not)
-    key: Any = None  # how the origin finds the data (an HF name, a GGUF tensor)
-    dtype: str = "f32"  # the dtype `read` returns
-    source: Any = None  # the safetensors TensorInfo holding the HF tensor as it is (folders)
-
-    @property
-    def hf_shape(self) -> tuple[int, ...]:
-        return self.rule.hf_shape(list(self.shapes))
-
-    @property
-    def joined_shape(self) -> tuple[int, ...]:
-        """The shape of the params concatenated along the split axis (the GGUF tensor)."""
-        if self.rule.split_axis is None:
-            return self.shapes[0]
-        ax = self.rule.split_axis
-        first = self.shapes[0]
-        return tuple(sum(s[ax] for s in self.shapes) if k == ax else d for k, d in enumerate(first))
-
-    @property
-    def sizes(self) -> list[int] | None:
-        if self.rule.split_axis is None:
-            return None
-        return [s[self.rule.split_axis] for s in self.shapes]
-
-    @property
-    def numel(self) -> int:
-        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
-
-    @property
-    def layer(self) -> tuple[int, ...]:
-        return tuple(int(v) for v in self.bindings.values())
-
-
 @dataclass
 class Weights:
     weights_map: WeightsMap
@@ -100,18 +58,18 @@ class Weights:
     config: dict  # the source config, max_positions uncapped (what config.json says)
     hf_config: dict
     dtype: str  # the stored dtype: what an HF export writes by default
-    groups: list[Group]
-    reader: Callable[[Group], list[np.ndarray]]
+    groups: list[TensorGroup]
+    reader: Callable[[TensorGroup], list[np.ndarray]]
     tokenizer_dir: Path | None = None  # a folder with tokenizer files, if any
     gguf_metadata: dict | None = None  # when read from a GGUF file: its key/values
     origin: str = ""  # a path or a description, for messages and model cards
     close: Callable[[], None] = field(default=lambda: None)
 
-    def read(self, group: Group) -> list[np.ndarray]:
+    def read(self, group: TensorGroup) -> list[np.ndarray]:
         """The group's params in the source's layout (numpy; bf16 as uint16 bits)."""
         return self.reader(group)
 
-    def __iter__(self) -> Iterator[tuple[Group, list[np.ndarray]]]:
+    def __iter__(self) -> Iterator[tuple[TensorGroup, list[np.ndarray]]]:
         for g in self.groups:
             yield g, self.read(g)
 
@@ -132,14 +90,14 @@ def full_config(source, weights_map: WeightsMap, hf_config: dict, act: str) -> d
     return source.config(overrides)
 
 
-def ordered(weights_map: WeightsMap, groups: list[Group]) -> list[Group]:
+def ordered(weights_map: WeightsMap, groups: list[TensorGroup]) -> list[TensorGroup]:
     """Layer order, as llama.cpp's converter writes: the globals the weights map lists
     before its first per-layer rule, then each layer's tensors in rule order, then the
     remaining globals (final norm, head)."""
     index = {id(r): k for k, r in enumerate(weights_map.rules)}
     first_layer = min((index[id(g.rule)] for g in groups if g.layer), default=0)
 
-    def key(g: Group) -> tuple:
+    def key(g: TensorGroup) -> tuple:
         k = index[id(g.rule)]
         phase = 1 if g.layer else (0 if k < first_layer else 2)
         return (phase, g.layer, k)
@@ -179,14 +137,11 @@ def from_folder(path: str | Path) -> Weights:
     for row in plan.rows:
         if not row.loads:
             continue
-        rule, bindings = weights_map.match(row.hf, plan.params)
-        dtype = ST_DTYPES[row.dtype]
-        dtypes.add(dtype)
-        shapes = tuple(plan.params[p] for p in row.params)
-        info = headers[row.hf]
-        groups.append(Group(rule, bindings, row.params, shapes, row.hf, row.hf, dtype, info))
+        row.key, row.source, row.read_dtype = row.hf, headers[row.hf], ST_DTYPES[row.dtype]
+        dtypes.add(row.read_dtype)
+        groups.append(row)
 
-    def reader(g: Group) -> list[np.ndarray]:
+    def reader(g: TensorGroup) -> list[np.ndarray]:
         x = _read_tensor(headers[g.key])
         return g.rule.forward(x, g.sizes)
 
@@ -209,7 +164,7 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / f).is_file() for f in TOKENIZER_FILES)
 
 
-_TORCH_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+_TORCH_NAMES = {f"torch.{DTYPE_TABLE[n].torch}": n for n in FLOAT_DTYPES}  # torch dtype -> name
 
 
 def from_model(
@@ -240,11 +195,11 @@ def from_model(
         targets = rule.targets(bindings)
         dtype = _TORCH_NAMES.get(str(params[targets[0]].dtype), "f32")
         name = rule.hf_name(bindings)
-        groups.append(
-            Group(rule, bindings, targets, tuple(shapes[t] for t in targets), name, None, dtype)
-        )
+        shape = tuple(shapes[t] for t in targets)
+        groups.append(TensorGroup(name, rule=rule, bindings=bindings, params=targets,
+                                  shapes=shape, read_dtype=dtype))  # fmt: skip
 
-    def reader(g: Group) -> list[np.ndarray]:
+    def reader(g: TensorGroup) -> list[np.ndarray]:
         return [from_torch(params[p]) for p in g.params]
 
     tok = tokenizer or getattr(model, "tokenizer_dir", None)
