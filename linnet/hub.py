@@ -1,6 +1,6 @@
 """Pull checkpoints from the Hugging Face Hub into the shared HF cache, planned before they land.
 
-    from linnet.zoo import pull
+    from linnet.hub import pull
     result = pull("smollm2-135m-instruct")      # pinned revision, verified, planned
     result.folder                                # the snapshot folder transformers also finds
 
@@ -42,6 +42,7 @@ from linnet.weights.safetensors_io import (
     TensorInfo,
     _tensor_info,
 )
+from linnet.zoo import registry as zoo_registry  # the hub uses the zoo, never the reverse
 
 #: Top-level files fetched besides the weights: configs and tokenizers (no code, no pickles).
 TOKENIZER_FILES = frozenset(
@@ -432,9 +433,7 @@ def _read_json(path: Path, what: str) -> dict:
 def _resolve_entry(name: str, registry):
     """(entry or None, repo) for a zoo name or alias, or an HF repo id."""
     if registry is None:
-        from linnet.zoo.registry import registry as default_registry
-
-        registry = default_registry()
+        registry = zoo_registry.registry()
     if name in registry:
         entry = registry.get(name)
         if not entry.ready:
@@ -627,8 +626,7 @@ def lock(
     record it in revisions.toml. Returns {entry name: commit}."""
     from huggingface_hub import HfApi
 
-    from linnet.zoo import registry as zoo  # the module
-
+    zoo = zoo_registry
     reg = registry or zoo.registry()
     path = revisions_file or zoo.REVISIONS_FILE
     endpoint = _endpoint(endpoint)
@@ -643,55 +641,6 @@ def lock(
     if reg is zoo.registry():
         zoo.registry.cache_clear()
     return done
-
-
-# -- run and parity targets ---------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    """A checkpoint folder to run, with the zoo entry it is (when known) and where it came from."""
-
-    folder: Path
-    entry: object = None
-    repo: str | None = None
-    revision: str | None = None
-    commit: str | None = None
-    gguf: Path | None = None  # a GGUF file in `folder`, when the target is one
-
-    @property
-    def checkpoint(self) -> Path:
-        """What the loaders take: the GGUF file, or the folder."""
-        return self.gguf or self.folder
-
-
-def locate(
-    target: str, *, checkpoint: str | os.PathLike | None = None, revision=None, registry=None
-):
-    """A zoo name, an HF repo id, a local folder or a .gguf file, as a `Target`. A name is
-    pulled (from the
-    cache when it is there); `checkpoint` pairs a name with a local copy of its weights. A
-    local folder is recognised as a zoo entry when its config.json matches one."""
-    if registry is None:
-        from linnet.zoo.registry import registry as default_registry
-
-        registry = default_registry()
-    path = Path(target).expanduser()
-    if checkpoint is None and path.is_file() and path.suffix == ".gguf":
-        from linnet.weights.gguf_reader import weights_from_gguf
-
-        config = weights_from_gguf(path).hf_config  # metadata only
-        return Target(folder=path.parent, entry=registry.match_config(config), gguf=path)
-    if checkpoint is None and path.is_dir():
-        config = _read_json(path / "config.json", f"{path}/config.json")
-        return Target(folder=path, entry=registry.match_config(config))
-    if checkpoint is not None:
-        entry = registry.get(target)
-        return Target(folder=Path(checkpoint).expanduser(), entry=entry, repo=entry.repo)
-    if target not in registry and "/" not in target:
-        registry.get(target)  # UnknownEntry, with suggestions
-    result = pull(target, revision=revision, registry=registry)
-    return Target(result.folder, result.entry, result.repo, result.revision, result.commit)
 
 
 from linnet.hub_push import push  # noqa: E402, F401  (push to the Hub: linnet/hub_push.py)

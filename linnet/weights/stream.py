@@ -218,37 +218,16 @@ def from_model(
 
 
 # ----------------------------------------------------------------------------------------
-# Resolving a SRC argument
-
-
-def _looks_like_path(src: str) -> bool:
-    return src.startswith((".", "/", "~")) or src.endswith(".gguf") or "\\" in src
-
-
-def resolve(src: str | Path) -> Path:
-    """A local folder or .gguf file; otherwise a zoo name (or HF repo id) that
-    `linnet.zoo.pull` fetches, once that exists."""
-    p = Path(src).expanduser()
-    if p.exists():
-        return p
-    if not _looks_like_path(str(src)):
-        try:
-            from linnet import zoo
-
-            pull = getattr(zoo, "pull", None)
-        except ImportError:
-            pull = None
-        if pull is not None:
-            pulled = pull(str(src))
-            return Path(getattr(pulled, "folder", pulled))
-    raise CheckpointError(f"{src}: no such checkpoint folder or GGUF file", file=str(src))
+# Opening a SRC argument (resolved by linnet.targets)
 
 
 def open_weights(src, *, architecture: str | None = None, tokenizer=None) -> Weights:
     """The exporters' input: a loaded model, an HF folder, a .gguf file or a zoo name."""
     if not isinstance(src, (str, Path)):
         return from_model(src, architecture=architecture, tokenizer=tokenizer)
-    path = resolve(src)
+    from linnet.targets import resolve_checkpoint
+
+    path = resolve_checkpoint(src)
     if path.is_file() and path.suffix == ".gguf":
         from linnet.weights.gguf_reader import weights_from_gguf
 
