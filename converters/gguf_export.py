@@ -160,6 +160,27 @@ def model_name(weights: Weights) -> str:
     return str(name or Path(weights.origin).name or weights.weights_map.architecture)
 
 
+def _write_metadata(writer, weights: Weights, dtype: str, file_type: int, tokenizer: bool):
+    """The file's key/values: general.*, the map's [gguf.metadata] and extras, the tokenizer
+    (copied from a GGUF origin, else made from tokenizer.json)."""
+    import gguf
+
+    weights_map, config = weights.weights_map, weights.config
+    spec = weights_map.gguf
+    writer.add_type("model")
+    writer.add_name(model_name(weights))
+    writer.add_file_type(file_type)
+    if dtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_metadata(writer, metadata_values(spec, config))
+    for rule_name in spec.extra.values():
+        add_metadata(writer, extra_rule(rule_name, weights_map.path.name).export(config)[1])
+    if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
+        copy_tokenizer(writer, Path(weights.origin))
+    else:
+        add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
+
+
 def export_gguf(
     weights: Weights,
     out_path: str | Path,
@@ -171,7 +192,6 @@ def export_gguf(
     extra_metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write `weights` as one GGUF file; returns its path."""
-    import gguf
     from tqdm.auto import tqdm
 
     weights_map = weights.weights_map
@@ -183,22 +203,11 @@ def export_gguf(
     dtype = normalize_dtype(dtype, GGUF_DTYPES)
     out_path = Path(out_path)
     qtypes, ftypes = _types()
-    spec, config = weights_map.gguf, weights.config
+    spec = weights_map.gguf
     items = plan_items(weights, dtype)
 
     writer = bulk_writer()(path=None, arch=spec.arch)
-    writer.add_type("model")
-    writer.add_name(model_name(weights))
-    writer.add_file_type(int(ftypes[dtype]))
-    if dtype == "q8_0":
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_metadata(writer, metadata_values(spec, config))
-    for rule_name in spec.extra.values():
-        add_metadata(writer, extra_rule(rule_name, weights_map.path.name).export(config)[1])
-    if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
-        copy_tokenizer(writer, Path(weights.origin))
-    else:
-        add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
+    _write_metadata(writer, weights, dtype, int(ftypes[dtype]), tokenizer)
     for key, value in (extra_metadata or {}).items():
         writer.add_string(key, str(value))
     for it in items:
