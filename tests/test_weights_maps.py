@@ -4,8 +4,9 @@ config.json (the config rebuilt from the map) in a form transformers reloads.
 For each map in weights_maps/*.toml: transformers' own config defaults for the map's
 model type -> source config -> HF config -> source config gives the same values, and the
 rebuilt config.json loads with `AutoConfig.from_pretrained` (trust_remote_code=False).
-Then a tiny random checkpoint of each architecture, loaded with `linnet.torch.load` and
-stripped of its HF config, exports with the config made by `WeightsMap.config_to_hf`.
+Then a tiny random checkpoint of each architecture (transformers' defaults, shrunk), loaded
+with `linnet.torch.load` and stripped of its HF config, exports with the config made by
+`WeightsMap.config_to_hf`, which transformers reloads to the same model.
 """
 
 from __future__ import annotations
@@ -121,25 +122,37 @@ def test_dinov2_ratio_inverts_for_awkward_widths():
 # Export without a source config.json, for every map
 
 
-def _tiny_kwargs(arch: str) -> dict:
-    """The tiny test config (tests/checkpoints.py) of `arch`, or of the map's base model."""
-    import tests.checkpoints as ck
+# Small values for the size keys a config class has (the others keep their defaults).
+SHRINK = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    image_size=32,
+    patch_size=8,
+    embedding_size=8,
+    hidden_sizes=[8, 12, 16, 24],
+    depths=[1, 1, 1, 1],
+    global_attn_every_n_layers=2,
+    local_attention=16,
+)
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 
-    tables = [
-        {a: kw for (a, v), kw in ck.TINY_CONFIGS.items() if v == "base"},
-        {a: kw for a, (_, kw) in ck.VISION_CONFIGS.items()},
-        {a: kw for (a, v), kw in ck.TINY_ENCODER_CONFIGS.items() if v == "base"},
-        {"ModernBertModel": next(iter(ck.TINY_MODERNBERT_CONFIGS.values()))},
-    ]
-    for table in tables:
-        if arch in table:
-            return dict(table[arch])
-    model_type = find_weights_map(arch).model_type
-    for table in tables:  # a task model: its base model's tiny config
-        for base, kw in table.items():
-            if find_weights_map(base).model_type == model_type:
-                return dict(kw)
-    raise KeyError(arch)
+
+def _tiny_kwargs(arch: str) -> dict:
+    """transformers' defaults for the map's model type, shrunk (tiny, random weights)."""
+    cls = transformers.CONFIG_MAPPING[find_weights_map(arch).model_type]
+    default = cls().to_dict()
+    keys = set(default) | set(getattr(cls, "attribute_map", {}))
+    out = {k: v for k, v in SHRINK.items() if k in keys}
+    for k in TOKEN_IDS:  # special ids past the small vocab: the last ids of it instead
+        if isinstance(default.get(k), int) and default[k] >= SHRINK["vocab_size"]:
+            out[k] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(k)
+    return out
 
 
 def _build_tiny(arch: str, folder: Path) -> Path:
