@@ -25,6 +25,7 @@ import numpy as np
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 
 from linnet.atomic import atomic_path
+from linnet.core.dtypes import DTYPES
 from linnet.errors import UnsupportedArchitecture
 from linnet.weights.casting import blocks, cast_into, normalize_dtype, write_converted
 from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
@@ -93,7 +94,7 @@ class Item:
         n = int(np.prod(self.shape, dtype=np.int64))
         if self.kind == "q8_0":
             return n // 32 * 34
-        return n * {"f32": 4, "f16": 2, "bf16": 2}[self.kind]
+        return n * DTYPES[self.kind].bits // 8
 
 
 def tensor_kind(shape: tuple[int, ...], dtype: str) -> str:

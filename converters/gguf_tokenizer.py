@@ -288,7 +288,7 @@ def copy_tokenizer(writer, gguf_path: Path) -> str:
     (re-exporting a GGUF as another dtype keeps its vocabulary and chat template)."""
     from gguf import GGUFValueType
 
-    from linnet.weights.gguf_reader import open_reader
+    from linnet.weights.gguf_checkpoint import open_reader
 
     model = "none"
     for key, f in open_reader(gguf_path).fields.items():

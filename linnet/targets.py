@@ -45,9 +45,9 @@ def _local(path: Path, registry, identify: bool) -> Target:
     if path.is_file():
         entry = None
         if identify:
-            from linnet.weights.gguf_reader import weights_from_gguf
+            from linnet.weights.gguf_checkpoint import GgufCheckpoint
 
-            entry = registry.match_config(weights_from_gguf(path).hf_config)  # metadata only
+            entry = registry.match_config(GgufCheckpoint(path).read_config())  # metadata only
         return Target(folder=path.parent, entry=entry, gguf=path)
     entry = None
     if identify:
