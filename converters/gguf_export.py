@@ -25,9 +25,9 @@ import numpy as np
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 
 from linnet.atomic import atomic_path
-from linnet.core.dtypes import DTYPES
+from linnet.core.dtypes import DTYPES, normalize_dtype
 from linnet.errors import UnsupportedArchitecture
-from linnet.weights.casting import blocks, cast_into, normalize_dtype, write_converted
+from linnet.weights.casting import blocks, cast_into, write_converted
 from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
 from linnet.weights.stream import Weights
 from linnet.weights.tensor_group import TensorGroup

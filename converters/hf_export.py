@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from linnet.atomic import atomic_path
+from linnet.core.dtypes import normalize_dtype
 from linnet.errors import ConfigError
-from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, normalize_dtype, write_converted
+from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, write_converted
 from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
 from linnet.weights.tensor_group import TensorGroup
 

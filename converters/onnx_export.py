@@ -24,8 +24,9 @@ from onnx import TensorProto
 from linnet.atomic import atomic_path
 from linnet.backends.onnx_emit import ONNX_DTYPES
 from linnet.backends.onnx_graph import prepare, signature, to_model
+from linnet.core.dtypes import normalize_dtype
 from linnet.loading import DEFAULT_MAX_POSITIONS
-from linnet.weights.casting import normalize_dtype, write_converted
+from linnet.weights.casting import write_converted
 from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
 
 DATA = "weights.onnx.data"

@@ -19,7 +19,6 @@ import numpy as np
 
 from linnet.core.dtypes import DTYPES as DTYPE_TABLE
 from linnet.core.dtypes import FLOAT_DTYPES
-from linnet.core.dtypes import normalize_dtype as _normalize
 from linnet.errors import CheckpointError
 
 DTYPES = FLOAT_DTYPES
@@ -38,11 +37,6 @@ def dtype_name(x) -> str:
         if x.dtype == dt:
             return name
     raise TypeError(f"not a float tensor Linnet exports: {x.dtype}")
-
-
-def normalize_dtype(dtype, allowed: tuple[str, ...] = DTYPES) -> str:
-    """`linnet.core.dtypes.normalize_dtype` (the one alias table)."""
-    return _normalize(dtype, allowed)
 
 
 # ----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linnet.weights.casting import normalize_dtype
+from linnet.core.dtypes import normalize_dtype
 from linnet.weights.gguf_checkpoint import GgufCheckpoint, tensor_data, tensor_dtype
 from linnet.weights.stream import Weights, full_config, ordered
 from linnet.weights.tensor_group import TensorGroup
