@@ -7,7 +7,7 @@ the extra tensors computed from the config (`[gguf.extra]`). With every tensor's
 declared, `GGUFWriter` writes the header, key/values and tensor infos; then each tensor
 is appended (aligned, as the infos say) block by block: read a few MB, convert, write.
 A tensor the weights map leaves as it is (no transform, nothing to permute) streams from
-the source file that way; others are joined and permuted first (`Manifest.gguf_tensor`).
+the source file that way; others are joined and permuted first (`WeightsMap.gguf_tensor`).
 The file is written under a temporary name and renamed at the end.
 
 Types follow llama.cpp's converter: 1-D tensors (norms, biases) stay F32; `q8_0`
@@ -22,19 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_names import add_metadata, extra_rule, metadata_values
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
-from linnet.converters.weights_io import (
-    Group,
-    Weights,
-    blocks,
-    cast_into,
-    normalize_dtype,
-    write_converted,
-)
 
 from linnet.atomic import atomic_path
+from linnet.core.dtypes import DTYPES, normalize_dtype
 from linnet.errors import UnsupportedArchitecture
+from linnet.weights.casting import blocks, cast_into, write_converted
+from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
+from linnet.weights.stream import Weights
+from linnet.weights.tensor_group import TensorGroup
 
 GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
 ROW_BLOCK = 1 << 22  # elements quantized per call
@@ -90,7 +86,7 @@ class Item:
     name: str
     shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
     kind: str  # f32 / f16 / bf16 / q8_0
-    group: Group | None = None
+    group: TensorGroup | None = None
     data: np.ndarray | None = None  # extra tensors, computed up front (small)
 
     @property
@@ -98,7 +94,7 @@ class Item:
         n = int(np.prod(self.shape, dtype=np.int64))
         if self.kind == "q8_0":
             return n // 32 * 34
-        return n * {"f32": 4, "f16": 2, "bf16": 2}[self.kind]
+        return n * DTYPES[self.kind].bits // 8
 
 
 def tensor_kind(shape: tuple[int, ...], dtype: str) -> str:
@@ -127,19 +123,19 @@ def write_encoded(src, kind: str, row: int, write) -> None:
 
 
 def plan_items(weights: Weights, dtype: str) -> list[Item]:
-    manifest = weights.manifest
-    spec = manifest.gguf
+    weights_map = weights.weights_map
+    spec = weights_map.gguf
     items = []
     for g in weights.groups:
         name = g.rule.gguf_name(g.bindings)
         if name is None:
             raise UnsupportedArchitecture(
-                f"{manifest.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
+                f"{weights_map.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
             )
         shape = g.joined_shape
         items.append(Item(name, shape, tensor_kind(shape, dtype), group=g))
     for name, rule_name in spec.extra.items():
-        x, _ = extra_rule(rule_name, manifest.path.name).export(weights.config)
+        x, _ = extra_rule(rule_name, weights_map.path.name).export(weights.config)
         if x is not None:
             items.append(Item(name, tuple(x.shape), "f32", data=x.astype(np.float32)))
     return items
@@ -152,17 +148,38 @@ def tensor_source(weights: Weights, it: Item):
     if it.data is not None:
         return it.data
     g = it.group
-    spec = weights.manifest.gguf
+    spec = weights.weights_map.gguf
     if g.source is not None and not g.rule.transforms and not spec.transforms_for(it.name):
         return g.source
     parts = weights.read(g)
-    _, x = weights.manifest.gguf_tensor(g.rule, g.bindings, parts, weights.config)
+    _, x = weights.weights_map.gguf_tensor(g.rule, g.bindings, parts, weights.config)
     return x
 
 
 def model_name(weights: Weights) -> str:
     name = weights.hf_config.get("_name_or_path") or weights.hf_config.get("_model_name_or_path")
-    return str(name or Path(weights.origin).name or weights.manifest.architecture)
+    return str(name or Path(weights.origin).name or weights.weights_map.architecture)
+
+
+def _write_metadata(writer, weights: Weights, dtype: str, file_type: int, tokenizer: bool):
+    """The file's key/values: general.*, the map's [gguf.metadata] and extras, the tokenizer
+    (copied from a GGUF origin, else made from tokenizer.json)."""
+    import gguf
+
+    weights_map, config = weights.weights_map, weights.config
+    spec = weights_map.gguf
+    writer.add_type("model")
+    writer.add_name(model_name(weights))
+    writer.add_file_type(file_type)
+    if dtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_metadata(writer, metadata_values(spec, config))
+    for rule_name in spec.extra.values():
+        add_metadata(writer, extra_rule(rule_name, weights_map.path.name).export(config)[1])
+    if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
+        copy_tokenizer(writer, Path(weights.origin))
+    else:
+        add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
 
 
 def export_gguf(
@@ -176,34 +193,22 @@ def export_gguf(
     extra_metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write `weights` as one GGUF file; returns its path."""
-    import gguf
     from tqdm.auto import tqdm
 
-    manifest = weights.manifest
-    if manifest.gguf is None:
+    weights_map = weights.weights_map
+    if weights_map.gguf is None:
         raise UnsupportedArchitecture(
-            f"{manifest.architecture}: {manifest.path.name} has no [gguf] table "
+            f"{weights_map.architecture}: {weights_map.path.name} has no [gguf] table "
             "(no llama.cpp names)"
         )
     dtype = normalize_dtype(dtype, GGUF_DTYPES)
     out_path = Path(out_path)
     qtypes, ftypes = _types()
-    spec, config = manifest.gguf, weights.config
+    spec = weights_map.gguf
     items = plan_items(weights, dtype)
 
     writer = bulk_writer()(path=None, arch=spec.arch)
-    writer.add_type("model")
-    writer.add_name(model_name(weights))
-    writer.add_file_type(int(ftypes[dtype]))
-    if dtype == "q8_0":
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_metadata(writer, metadata_values(spec, config))
-    for rule_name in spec.extra.values():
-        add_metadata(writer, extra_rule(rule_name, manifest.path.name).export(config)[1])
-    if tokenizer and weights.tokenizer_dir is None and weights.gguf_metadata is not None:
-        copy_tokenizer(writer, Path(weights.origin))
-    else:
-        add_tokenizer(writer, weights.tokenizer_dir if tokenizer else None, int(config["vocab"]))
+    _write_metadata(writer, weights, dtype, int(ftypes[dtype]), tokenizer)
     for key, value in (extra_metadata or {}).items():
         writer.add_string(key, str(value))
     for it in items:

@@ -287,7 +287,8 @@ def copy_tokenizer(writer, gguf_path: Path) -> str:
     """Carry a GGUF file's tokenizer over as it is: every `tokenizer.*` key with its type
     (re-exporting a GGUF as another dtype keeps its vocabulary and chat template)."""
     from gguf import GGUFValueType
-    from linnet.converters.gguf_import import open_reader
+
+    from linnet.weights.gguf_checkpoint import open_reader
 
     model = "none"
     for key, f in open_reader(gguf_path).fields.items():
@@ -301,14 +302,3 @@ def copy_tokenizer(writer, gguf_path: Path) -> str:
     if model == "none":
         writer.add_tokenizer_model("none")
     return model
-
-
-def special_token_ids(fields: Mapping[str, Any]) -> dict[str, int]:
-    """bos/eos/pad/unk token ids from a GGUF file's key/values, as config.json names them."""
-    out = {}
-    names = {"bos": "bos", "eos": "eos", "pad": "padding", "unk": "unknown"}
-    for kind, gguf_kind in names.items():
-        key = f"tokenizer.ggml.{gguf_kind}_token_id"
-        if key in fields:
-            out[f"{kind}_token_id"] = int(fields[key])
-    return out

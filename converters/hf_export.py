@@ -27,20 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from linnet.converters.weights_io import (
-    HF_NAMES,
-    NP_DTYPES,
-    ST_NAMES,
-    TOKENIZER_DIRS,
-    TOKENIZER_FILES,
-    Group,
-    Weights,
-    normalize_dtype,
-    write_converted,
-)
 
 from linnet.atomic import atomic_path
+from linnet.core.dtypes import normalize_dtype
 from linnet.errors import ConfigError
+from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, write_converted
+from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
+from linnet.weights.tensor_group import TensorGroup
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -60,11 +53,11 @@ def parse_size(size: int | str) -> int:
 
 @dataclass
 class Entry:
-    group: Group | None
+    group: TensorGroup | None
     name: str
     shape: tuple[int, ...]
     nbytes: int
-    data: np.ndarray | None = None  # a manifest buffer (num_batches_tracked), written as is
+    data: np.ndarray | None = None  # a weights-map buffer (num_batches_tracked), written as is
     st_dtype: str = ""  # its safetensors dtype
 
 
@@ -73,9 +66,9 @@ _BUFFER_ST = {"i64": "I64"}
 
 
 def buffer_entries(weights: Weights, hf_name: str) -> list[Entry]:
-    """The manifest's buffers beside tensor `hf_name` (scalars of their declared value)."""
+    """The weights_map's buffers beside tensor `hf_name` (scalars of their declared value)."""
     out = []
-    for name, b in weights.manifest.buffers_beside(hf_name):
+    for name, b in weights.weights_map.buffers_beside(hf_name):
         data = np.array(b.value, dtype=_BUFFER_NP[b.dtype])
         out.append(Entry(None, name, (), data.nbytes, data, _BUFFER_ST[b.dtype]))
     return out

@@ -19,19 +19,15 @@ import sys
 from pathlib import Path
 
 import onnx
-from linnet.converters.weights_io import (
-    TOKENIZER_DIRS,
-    TOKENIZER_FILES,
-    Weights,
-    normalize_dtype,
-    write_converted,
-)
 from onnx import TensorProto
 
 from linnet.atomic import atomic_path
 from linnet.backends.onnx_emit import ONNX_DTYPES
 from linnet.backends.onnx_graph import prepare, signature, to_model
+from linnet.core.dtypes import normalize_dtype
 from linnet.loading import DEFAULT_MAX_POSITIONS
+from linnet.weights.casting import write_converted
+from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
 
 DATA = "weights.onnx.data"
 SIGNATURE = "linnet.json"

@@ -80,7 +80,7 @@ def check(paths: tuple[Path, ...]) -> None:
 def plan(path: Path, dtype: str | None) -> None:
     """Show how a checkpoint's tensors map onto its source, reading headers only."""
     if path.suffix == ".gguf":  # a GGUF file: its metadata and tensor infos
-        from linnet.converters.gguf_import import plan_text
+        from linnet.weights.gguf_reader import plan_text
 
         click.echo(plan_text(path))
         return

@@ -34,7 +34,7 @@ def export(
     temporary name and renamed when complete.
     """
     from linnet.converters.gguf_export import export_gguf
-    from linnet.converters.weights_io import open_weights
+    from linnet.weights.stream import open_weights
 
     folder = tokenizer if isinstance(tokenizer, (str, Path)) else None
     weights = open_weights(model, architecture=architecture, tokenizer=folder)
@@ -59,6 +59,8 @@ def load(
     """A GGUF file (f32, f16, bf16, q8_0, q4_0, q4_1, ...: dequantized with the gguf
     package, the Q/K permutation undone) as a Linnet model with `forward`, `decode`,
     `reset` and `generate`. dtype: "f32" (default), "bf16" or "f16"."""
-    from linnet.converters.gguf_import import load as _load
+    import linnet.torch
 
-    return _load(path, dtype=dtype, device=device, numerics=numerics, max_positions=max_positions)
+    return linnet.torch.load(
+        path, dtype=dtype, device=device, numerics=numerics, max_positions=max_positions
+    )

@@ -1,6 +1,6 @@
 """Pull checkpoints from the Hugging Face Hub into the shared HF cache, planned before they land.
 
-    from linnet.zoo import pull
+    from linnet.hub import pull
     result = pull("smollm2-135m-instruct")      # pinned revision, verified, planned
     result.folder                                # the snapshot folder transformers also finds
 
@@ -26,29 +26,30 @@ import contextlib
 import hashlib
 import json
 import os
-import struct
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from linnet.errors import CheckpointError, LinnetError, PickledCheckpoint
+from linnet.errors import CheckpointError, LinnetError
+from linnet.hub_remote import (  # noqa: F401  (hub_remote's names, as linnet.hub had them)
+    HEADER_PROBE,
+    TOKENIZER_FILES,
+    RemoteCheckpoint,
+    RemoteFile,
+    _remote_files,
+    plan_for,
+    remote_header,
+    wanted_files,
+    weight_files,
+)
 from linnet.weights.safetensors_io import (
     INDEX_FILE,
-    MAX_HEADER_BYTES,
-    PICKLE_SUFFIXES,
-    SINGLE_FILE,
     Checkpoint,
     TensorInfo,
-    _tensor_info,
 )
+from linnet.zoo import registry as zoo_registry  # the hub uses the zoo, never the reverse
 
-#: Top-level files fetched besides the weights: configs and tokenizers (no code, no pickles).
-TOKENIZER_FILES = frozenset(
-    {"tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja"}
-)
-#: First bytes asked for when reading a safetensors header (most headers are smaller).
-HEADER_PROBE = 100_000
 #: Files at least this large are hashed once; a marker remembers the result.
 MARK_VERIFIED_FROM = 16 << 20
 
@@ -190,160 +191,6 @@ def _exists(api, repo: str, revision: str) -> bool:
     return False
 
 
-# -- the repo's files ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    size: int
-    sha256: str | None  # LFS files
-    blob_id: str | None  # git blob sha1
-
-
-def _remote_files(repo_files) -> dict[str, RemoteFile]:
-    out = {}
-    for f in repo_files:
-        if not hasattr(f, "blob_id"):  # a folder
-            continue
-        lfs = getattr(f, "lfs", None)
-        out[f.path] = RemoteFile(
-            f.path,
-            lfs.size if lfs else f.size,
-            lfs.sha256 if lfs else None,
-            f.blob_id,
-        )
-    return out
-
-
-def weight_files(names: set[str], index: dict | None) -> list[str]:
-    """The safetensors files Linnet loads: the sharded set an index names, or model.safetensors.
-    Pickled weights are never among them."""
-    if index is not None:
-        shards = sorted(set((index.get("weight_map") or {}).values()))
-        missing = [s for s in shards if s not in names]
-        if missing:
-            raise CheckpointError(
-                f"{INDEX_FILE} names shard {missing[0]}, which the repo does not have",
-                file=missing[0],
-            )
-        return shards
-    if SINGLE_FILE in names:
-        return [SINGLE_FILE]
-    pickled = sorted(n for n in names if PurePosixPath(n).suffix in PICKLE_SUFFIXES)
-    if pickled:
-        raise PickledCheckpoint(
-            f"the repo has only pickled weights ({', '.join(pickled[:3])}); Linnet never "
-            "unpickles checkpoints. Use a revision or fork with model.safetensors",
-            file=pickled[0],
-        )
-    raise CheckpointError(f"the repo has no {SINGLE_FILE} or {INDEX_FILE}")
-
-
-def wanted_files(names: set[str], index: dict | None) -> list[str]:
-    """Everything a pull fetches: top-level JSON and tokenizer files, and the weights."""
-    top = [n for n in names if "/" not in n]
-    extra = [n for n in top if n.endswith(".json") or n in TOKENIZER_FILES]
-    return sorted(set(extra) | set(weight_files(names, index)))
-
-
-# -- planning from remote headers ---------------------------------------------------------
-
-
-class RemoteCheckpoint:
-    """What `make_plan` needs of a checkpoint (config and headers), from the Hub's metadata."""
-
-    def __init__(self, label: str, config: dict, headers: dict[str, TensorInfo], files):
-        self.folder = label
-        self.config_path = f"{label}/config.json"
-        self.files = [PurePosixPath(f) for f in files]
-        self._config = config
-        self._headers = headers
-
-    def read_config(self) -> dict:
-        return self._config
-
-    def headers(self) -> dict[str, TensorInfo]:
-        return self._headers
-
-
-def _read_prefix(url: str, headers: dict, n: int) -> bytes:
-    """The first `n` bytes of `url`: a ranged GET, streamed and cut short when the server
-    ignores the range (olah does), so a multi-GB file is never read to its end."""
-    from huggingface_hub.utils import get_session, hf_raise_for_status
-
-    buf = bytearray()
-    with get_session().stream(
-        "GET", url, headers={**headers, "Range": f"bytes=0-{n - 1}"}, follow_redirects=True
-    ) as r:
-        if r.status_code >= 400:
-            r.read()
-            hf_raise_for_status(r)
-        for chunk in r.iter_bytes():
-            buf += chunk
-            if len(buf) >= n:
-                break
-    return bytes(buf[:n])
-
-
-def remote_header(url: str, headers: dict, name: str, size: int) -> dict[str, TensorInfo]:
-    """Parse one safetensors header from the Hub, checking it as `read_header` does locally."""
-    probe = _read_prefix(url, headers, min(HEADER_PROBE, size))
-    if len(probe) < 8:
-        raise CheckpointError(f"{name}: not a safetensors file ({size} bytes)", file=name)
-    (length,) = struct.unpack("<Q", probe[:8])
-    if length < 2 or length > MAX_HEADER_BYTES or 8 + length > size:
-        raise CheckpointError(
-            f"{name}: corrupt safetensors file: the header claims {length} bytes of {size}",
-            file=name,
-        )
-    raw = probe if len(probe) >= 8 + length else _read_prefix(url, headers, 8 + length)
-    try:
-        header = json.loads(raw[8 : 8 + length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{name}: corrupt safetensors header: {e}", file=name) from e
-    infos = {}
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        info = _tensor_info(Path(name), key, entry, 8 + length)
-        if info.offsets[1] > size:
-            raise CheckpointError(
-                f"{name}: tensor {key} needs bytes up to {info.offsets[1]} but the file on "
-                f"the Hub holds {size}",
-                tensor=key,
-                file=name,
-            )
-        infos[key] = info
-    return infos
-
-
-def plan_for(ckpt, dtype: str | None = None):
-    """The weights-map plan of a checkpoint (local `Checkpoint` or `RemoteCheckpoint`),
-    as `linnet.loading.plan_checkpoint` makes it for a folder."""
-    from linnet.core.dtypes import normalize_dtype
-    from linnet.loading import DEFAULT_MAX_POSITIONS, source_for
-    from linnet.weights.manifest import find_manifest
-    from linnet.weights.plan import make_plan
-
-    hf_config = ckpt.read_config()
-    archs = hf_config.get("architectures") or []
-    if not archs:
-        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field")
-    manifest = find_manifest(archs[0])
-    source = source_for(manifest)
-    overrides = manifest.translate_config(hf_config)
-    overrides["act"] = normalize_dtype(dtype) if dtype else overrides.get("act", "f32")
-    if "max_positions" in source.fields:  # a source with a cache (encoders have none)
-        overrides["max_positions"] = min(
-            overrides.get("max_positions", DEFAULT_MAX_POSITIONS), DEFAULT_MAX_POSITIONS
-        )
-    config = source.config(overrides)
-    layout = source.params(config)
-    shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
-    return make_plan(ckpt, manifest, shapes, layout.tied, config["act"], config=config)
-
-
 # -- verification -------------------------------------------------------------------------
 
 
@@ -432,9 +279,7 @@ def _read_json(path: Path, what: str) -> dict:
 def _resolve_entry(name: str, registry):
     """(entry or None, repo) for a zoo name or alias, or an HF repo id."""
     if registry is None:
-        from linnet.zoo.registry import registry as default_registry
-
-        registry = default_registry()
+        registry = zoo_registry.registry()
     if name in registry:
         entry = registry.get(name)
         if not entry.ready:
@@ -447,6 +292,23 @@ def _resolve_entry(name: str, registry):
         return registry.by_repo(name), name
     registry.get(name)  # raises UnknownEntry with suggestions
     raise AssertionError("unreachable")
+
+
+def _revision(entry, repo: str, revision: str | None) -> str:
+    """The revision asked for, else the entry's pin, else the default branch (warned)."""
+    if revision is None and entry is not None and repo == entry.repo:
+        revision = entry.revision
+    if revision is None:
+        if entry is not None:
+            warnings.warn(
+                UnpinnedRevision(
+                    f"{entry.name} has no pinned revision: pulling {repo} at its default branch "
+                    "(run `linnet zoo lock` to pin it)"
+                ),
+                stacklevel=3,
+            )
+        revision = "main"
+    return revision
 
 
 def pull(
@@ -469,18 +331,7 @@ def pull(
     t0 = time.perf_counter()
     entry, default_repo = _resolve_entry(name, registry)
     repo = repo or default_repo
-    if revision is None and entry is not None and repo == entry.repo:
-        revision = entry.revision
-    if revision is None:
-        if entry is not None:
-            warnings.warn(
-                UnpinnedRevision(
-                    f"{entry.name} has no pinned revision: pulling {repo} at its default branch "
-                    "(run `linnet zoo lock` to pin it)"
-                ),
-                stacklevel=2,
-            )
-        revision = "main"
+    revision = _revision(entry, repo, revision)
     endpoint = _endpoint(endpoint)
     cache = hub_cache(cache_dir)
     storage = _storage(cache, repo)
@@ -627,8 +478,7 @@ def lock(
     record it in revisions.toml. Returns {entry name: commit}."""
     from huggingface_hub import HfApi
 
-    from linnet.zoo import registry as zoo  # the module
-
+    zoo = zoo_registry
     reg = registry or zoo.registry()
     path = revisions_file or zoo.REVISIONS_FILE
     endpoint = _endpoint(endpoint)
@@ -643,55 +493,6 @@ def lock(
     if reg is zoo.registry():
         zoo.registry.cache_clear()
     return done
-
-
-# -- run and parity targets ---------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    """A checkpoint folder to run, with the zoo entry it is (when known) and where it came from."""
-
-    folder: Path
-    entry: object = None
-    repo: str | None = None
-    revision: str | None = None
-    commit: str | None = None
-    gguf: Path | None = None  # a GGUF file in `folder`, when the target is one
-
-    @property
-    def checkpoint(self) -> Path:
-        """What the loaders take: the GGUF file, or the folder."""
-        return self.gguf or self.folder
-
-
-def locate(
-    target: str, *, checkpoint: str | os.PathLike | None = None, revision=None, registry=None
-):
-    """A zoo name, an HF repo id, a local folder or a .gguf file, as a `Target`. A name is
-    pulled (from the
-    cache when it is there); `checkpoint` pairs a name with a local copy of its weights. A
-    local folder is recognised as a zoo entry when its config.json matches one."""
-    if registry is None:
-        from linnet.zoo.registry import registry as default_registry
-
-        registry = default_registry()
-    path = Path(target).expanduser()
-    if checkpoint is None and path.is_file() and path.suffix == ".gguf":
-        from linnet.converters.gguf_import import weights_from_gguf
-
-        config = weights_from_gguf(path).hf_config  # metadata only
-        return Target(folder=path.parent, entry=registry.match_config(config), gguf=path)
-    if checkpoint is None and path.is_dir():
-        config = _read_json(path / "config.json", f"{path}/config.json")
-        return Target(folder=path, entry=registry.match_config(config))
-    if checkpoint is not None:
-        entry = registry.get(target)
-        return Target(folder=Path(checkpoint).expanduser(), entry=entry, repo=entry.repo)
-    if target not in registry and "/" not in target:
-        registry.get(target)  # UnknownEntry, with suggestions
-    result = pull(target, revision=revision, registry=registry)
-    return Target(result.folder, result.entry, result.repo, result.revision, result.commit)
 
 
 from linnet.hub_push import push  # noqa: E402, F401  (push to the Hub: linnet/hub_push.py)

@@ -35,7 +35,7 @@ def describe(folder: Path) -> dict[str, Any]:
     if ggufs:
         info["format"] = "gguf"
         try:
-            from linnet.converters.gguf_import import open_reader, read_fields
+            from linnet.weights.gguf_checkpoint import open_reader, read_fields
 
             fields = read_fields(open_reader(ggufs[0]))
         except Exception:  # a card is still worth writing

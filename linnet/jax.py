@@ -25,8 +25,8 @@ from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.generation import Generation, check_ids
 from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
-from linnet.loading import plan_checkpoint
 from linnet.source import Source
+from linnet.weights.checkpoint import open_checkpoint
 
 
 class JaxModel:
@@ -201,7 +201,8 @@ def load(
     max_positions: int | None = None,
     from_stablehlo=None,
 ) -> JaxModel:
-    """A local HF checkpoint folder (config.json + safetensors) as a Linnet model on JAX.
+    """A local HF checkpoint folder (config.json + safetensors) or a `.gguf` file as a
+    Linnet model on JAX.
 
     dtype: "f32", "bf16", "f16"; default: the checkpoint's dtype.
     numerics: "equivalent" (the reference's f32 norms, softmax and rope tables, full-precision
@@ -211,11 +212,9 @@ def load(
         generated code: a file (one entry), a folder of `*.exported` files, or a dict
         entry -> path. The export fixes numerics and the config (max_positions included).
     """
-    plan, source, config, hf_config = plan_checkpoint(
-        path, dtype=dtype, max_positions=max_positions
-    )
-    plan.check()
-    params = dict(plan.load_numpy(config["act"]))
+    ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions)  # folder or .gguf
+    source, config, hf_config = ck.source, ck.config, ck.hf_config
+    params = ck.numpy_params()
     if from_stablehlo is not None:
         from linnet.stablehlo import load_exports
 

@@ -45,7 +45,7 @@ def export(
     cache the decode model holds (default: the context, capped at 4096).
     The folder is written under a temporary name and renamed when complete."""
     from linnet.converters.onnx_export import export_onnx
-    from linnet.converters.weights_io import open_weights
+    from linnet.weights.stream import open_weights
 
     weights = open_weights(model, architecture=architecture, tokenizer=tokenizer)
     try:
@@ -62,11 +62,18 @@ def export(
 
 
 def load(path: str | Path, *, providers=None, threads: int | None = None) -> OnnxModel:
-    """An exported folder on onnxruntime. providers: onnxruntime execution providers
+    """An exported folder on onnxruntime; an HF checkpoint folder or a `.gguf` file is
+    exported into the cache first (once). providers: onnxruntime execution providers
     (default CPU); threads: intra-op threads (default: onnxruntime's choice)."""
     import onnxruntime as ort
 
     folder = Path(path)
+    if not (folder / "linnet.json").is_file() and (
+        folder.suffix == ".gguf" or (folder / "config.json").is_file()
+    ):
+        from linnet.loading import onnx_folder_for
+
+        folder = onnx_folder_for(folder)
     sig_path = folder / "linnet.json"
     if not sig_path.is_file():
         raise LinnetError(f"{folder}: no linnet.json; is this a `linnet export onnx` folder?")

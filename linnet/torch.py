@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from linnet.backends.interp import TORCH_DTYPES
-from linnet.loading import plan_checkpoint
 from linnet.runtime import TorchModel
 from linnet.source import Source
+from linnet.weights.checkpoint import open_checkpoint
 
 
 def load(
@@ -36,26 +36,15 @@ def load(
     numerics: "equivalent" (the reference's f32 norms and softmax) or "fast"
         (fused kernels; generated and compiled modes).
     """
-    if str(path).endswith(".gguf"):  # llama.cpp's format: dequantized on load
-        from linnet.converters.gguf_import import load as load_gguf
-
-        return load_gguf(
-            path,
-            dtype=dtype,
-            device=device,
-            numerics=numerics,
-            max_positions=max_positions,
-            mode=mode,
-        )
-    plan, source, config, hf_config = plan_checkpoint(
-        path, dtype=dtype, max_positions=max_positions
-    )
-    plan.check()
-    torch_dtype = TORCH_DTYPES[config["act"]]
-    params = {name: t.to(device) for name, t in plan.load(torch_dtype)}
-    return TorchModel(
+    ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions)  # folder or .gguf
+    source, config, hf_config = ck.source, ck.config, ck.hf_config
+    params = ck.torch_params(device)
+    model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
     )
+    if ck.gguf_metadata is not None:  # a GGUF re-export keeps the file's key/values
+        model.gguf_metadata, model.origin = ck.gguf_metadata, ck.origin
+    return model
 
 
 def load_source(

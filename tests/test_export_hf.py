@@ -135,7 +135,7 @@ def test_dtype_conversion_matches_torch(tiny_checkpoint, tmp_path, dtype):
 
 
 def test_cast_rounds_like_torch():
-    from linnet.converters.weights_io import cast, from_torch, to_torch
+    from linnet.weights.casting import cast, from_torch, to_torch
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1000, 37, generator=g) * torch.logspace(-30, 30, 37)

@@ -172,7 +172,7 @@ def test_metadata_and_names(tiny_gguf):
 def test_rope_permutation_is_llama_cpps():
     """The weights map's permutation is convert_hf_to_gguf.py's LlamaModel.permute, and
     its inverse undoes it (weights and biases, GQA head counts)."""
-    from linnet.weights.manifest import rope_permute, rope_unpermute
+    from linnet.weights.maps import rope_permute, rope_unpermute
 
     def reference(w, n_head):  # llama.cpp, conversion/llama.py
         return (
@@ -223,7 +223,7 @@ def test_gguf_errors(tiny_gguf, tmp_path):
 def test_llama3_rope_freqs_without_linnet_keys_is_refused_if_unknown(tiny_gguf, tmp_path):
     """A rope_freqs tensor whose parameters the file does not record is read as Llama
     3.1's only when it is Llama 3.1's; the tiny llama3 (original context 32) is not."""
-    from linnet.converters.gguf_names import _llama3_read, llama3_factors
+    from linnet.weights.gguf_metadata import _llama3_read, llama3_factors
 
     fields = {"general.architecture": "llama", "llama.rope.freq_base": 500000.0}
     x = llama3_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)

@@ -1,4 +1,4 @@
-"""`linnet zoo pull` / `linnet.zoo.pull` against a real local Hub (olah + git-lfs).
+"""`linnet zoo pull` / `linnet.hub.pull` against a real local Hub (olah + git-lfs).
 
 The repos are git work trees built here from transformers-generated tiny checkpoints; olah
 serves them on 127.0.0.1 (tests/hub_server.py). Every test pulls into its own HF cache.

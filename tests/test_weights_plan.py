@@ -29,9 +29,9 @@ from linnet.errors import (  # noqa: E402
     PickledCheckpoint,
     UnsupportedArchitecture,
 )
-from linnet.weights.manifest import (  # noqa: E402
-    find_manifest,
-    load_manifest,
+from linnet.weights.maps import (  # noqa: E402
+    find_weights_map,
+    load_weights_map,
     maps_dir,
     supported_architectures,
 )
@@ -190,22 +190,22 @@ def gpt2_params(cfg: dict) -> tuple[dict, dict]:
 
 def expected_for(folder: Path):
     ck = Checkpoint(folder)
-    manifest = find_manifest(ck.architecture)
-    cfg = manifest.translate_config(ck.read_config())
-    params, tied = (gpt2_params if manifest.source == "gpt2" else llama_params)(cfg)
-    return ck, manifest, cfg, params, tied
+    weights_map = find_weights_map(ck.architecture)
+    cfg = weights_map.translate_config(ck.read_config())
+    params, tied = (gpt2_params if weights_map.source == "gpt2" else llama_params)(cfg)
+    return ck, weights_map, cfg, params, tied
 
 
 def plan_for(folder: Path, dtype: str = "f32"):
-    ck, manifest, cfg, params, tied = expected_for(folder)
-    return make_plan(ck, manifest, params, tied, dtype, config=cfg)
+    ck, weights_map, cfg, params, tied = expected_for(folder)
+    return make_plan(ck, weights_map, params, tied, dtype, config=cfg)
 
 
 # ---------------------------------------------------------------------------------------
-# Manifests
+# Weights maps
 
 
-def test_manifests_cover_the_six_architectures():
+def test_weights_maps_cover_the_six_architectures():
     assert maps_dir().name == "weights_maps"
     assert supported_architectures() == [
         "BertForMaskedLM",
@@ -230,7 +230,7 @@ def test_manifests_cover_the_six_architectures():
     sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert", "ViTM": "vit", "ViTF": "vit"}
     sources |= {"Dino": "vit", "Sigl": "vit", "Mode": "modernbert", "ResN": "resnet"}
     for arch in supported_architectures():
-        m = find_manifest(arch)
+        m = find_weights_map(arch)
         assert m.architecture == arch
         assert m.source == sources.get(arch[:4], "llama")
 
@@ -241,7 +241,7 @@ def test_unsupported_architecture_lists_supported(models, tmp_path):
     cfg["architectures"] = ["FalconForCausalLM"]
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedArchitecture) as e:
-        find_manifest(Checkpoint(folder).architecture)
+        find_weights_map(Checkpoint(folder).architecture)
     assert "FalconForCausalLM" in str(e.value) and "LlamaForCausalLM" in str(e.value)
 
 
@@ -261,9 +261,9 @@ def test_plan_is_clean_and_loads(models, name):
     for p, t in loaded.items():
         assert tuple(t.shape) == params[p], p
         assert t.dtype == torch.float32 and t.is_contiguous()
-    # Loading agrees with the manifest's own from_hf (the transform path of the exporter).
-    manifest = plan.manifest
-    ref = manifest.from_hf(read_all(folder), params)
+    # Loading agrees with the weights map's own from_hf (the transform path of the exporter).
+    weights_map = plan.weights_map
+    ref = weights_map.from_hf(read_all(folder), params)
     for p, t in loaded.items():
         assert torch.equal(t, ref[p]), p
     # Casting on the way.
@@ -277,12 +277,12 @@ def test_plan_is_clean_and_loads(models, name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_round_trip_is_bit_exact(models, name, dtype):
     folder, _ = models[name]
-    _, manifest, _, shapes, _ = expected_for(folder)
+    _, weights_map, _, shapes, _ = expected_for(folder)
     tensors = {k: v.to(dtype) for k, v in read_all(folder).items()}
-    params = manifest.from_hf(tensors, shapes)
+    params = weights_map.from_hf(tensors, shapes)
     assert all(tuple(v.shape) == shapes[k] for k, v in params.items())
-    back = manifest.to_hf(params)
-    assert set(back) == {k for k in tensors if not manifest.is_ignored(k)}
+    back = weights_map.to_hf(params)
+    assert set(back) == {k for k in tensors if not weights_map.is_ignored(k)}
     for k, v in back.items():
         assert v.dtype == tensors[k].dtype and v.shape == tensors[k].shape, k
         assert torch.equal(bits(v), bits(tensors[k])), k
@@ -333,7 +333,7 @@ def test_gpt2_hub_layout_without_prefix_and_with_buffers(models, tmp_path):
     assert notes["h.0.attn.bias"] == "ignored" and notes["lm_head.weight"] == "ignored"
     loaded = dict(plan.load(torch.float32))
     assert torch.equal(loaded["wte"], tensors["transformer.wte.weight"])
-    back = plan.manifest.to_hf(plan.manifest.from_hf(renamed), prefix=False)
+    back = plan.weights_map.to_hf(plan.weights_map.from_hf(renamed), prefix=False)
     assert set(back) == {
         k for k in renamed if not k.endswith(".attn.bias") and k != "lm_head.weight"
     }
@@ -368,7 +368,7 @@ def test_sharded_checkpoint(models):
 
 
 def test_planning_needs_no_torch(models):
-    """Headers, manifests and plans work in a process where torch cannot be imported."""
+    """Headers, weights maps and plans work in a process where torch cannot be imported."""
     folder, _ = models["phi3"]
     _, _, _, params, tied = expected_for(folder)
     params["layers.0.bo"] = (32,)
@@ -376,10 +376,10 @@ def test_planning_needs_no_torch(models):
 import sys
 sys.modules["torch"] = None
 from linnet.weights.safetensors_io import Checkpoint
-from linnet.weights.manifest import find_manifest
+from linnet.weights.maps import find_weights_map
 from linnet.weights.plan import make_plan
 ck = Checkpoint({str(folder)!r})
-m = find_manifest(ck.architecture)
+m = find_weights_map(ck.architecture)
 plan = make_plan(ck, m, {params!r}, {tied!r}, "f32")
 assert [p.tensor for p in plan.problems] == ["model.layers.0.self_attn.o_proj.bias"]
 print(len(plan.rows))
@@ -400,7 +400,7 @@ print(len(plan.rows))
 @pytest.mark.parametrize("name", ARCHS)
 def test_config_translation_matches_transformers(models, name):
     folder, hf = models[name]
-    cfg = find_manifest(Checkpoint(folder).architecture).translate_config(
+    cfg = find_weights_map(Checkpoint(folder).architecture).translate_config(
         Checkpoint(folder).read_config()
     )
     assert cfg["vocab"] == hf.vocab_size
@@ -446,15 +446,15 @@ def test_old_style_llama_config():
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
     }
-    cfg = find_manifest("LlamaForCausalLM").translate_config(old)
+    cfg = find_weights_map("LlamaForCausalLM").translate_config(old)
     assert cfg["rope_theta"] == 500000.0 and cfg["rope_scaling"] == "llama3"
     assert cfg["rope_original_max"] == 8192 and cfg["act"] == "bf16"
     old["rope_scaling"] = None
-    cfg = find_manifest("LlamaForCausalLM").translate_config(old)
+    cfg = find_weights_map("LlamaForCausalLM").translate_config(old)
     assert cfg["rope_scaling"] == "default"
     old["rope_scaling"] = {"type": "linear", "factor": 2.0}
     with pytest.raises(ConfigError, match="linear"):
-        find_manifest("LlamaForCausalLM").translate_config(old)
+        find_weights_map("LlamaForCausalLM").translate_config(old)
 
 
 @pytest.mark.parametrize(
@@ -476,11 +476,11 @@ def test_old_style_llama_config():
 )
 def test_config_the_source_cannot_express_is_an_error(arch, config, match):
     with pytest.raises(ConfigError, match=match):
-        find_manifest(arch).translate_config(config)
+        find_weights_map(arch).translate_config(config)
 
 
 def test_window_translation():
-    t = lambda arch, c: find_manifest(arch).translate_config(c).get("window", 0)  # noqa: E731
+    t = lambda arch, c: find_weights_map(arch).translate_config(c).get("window", 0)  # noqa: E731
     assert t("MistralForCausalLM", {"sliding_window": None}) == 0
     assert t("MistralForCausalLM", {}) == 4096  # MistralConfig's default
     assert t("Phi3ForCausalLM", {"sliding_window": 2047}) == 2047
@@ -490,7 +490,7 @@ def test_window_translation():
     )
     assert t("LlamaForCausalLM", {}) == 0
     assert (
-        find_manifest("GPT2LMHeadModel").translate_config({"activation_function": "gelu"})[
+        find_weights_map("GPT2LMHeadModel").translate_config({"activation_function": "gelu"})[
             "gelu_approx"
         ]
         == "none"
@@ -699,11 +699,11 @@ def test_read_is_lazy_and_cached(models):
 
 
 # ---------------------------------------------------------------------------------------
-# Manifest edge cases
+# WeightsMap edge cases
 
 
 def test_to_hf_needs_every_part_of_a_fused_tensor():
-    m = find_manifest("Phi3ForCausalLM")
+    m = find_weights_map("Phi3ForCausalLM")
     with pytest.raises(CheckpointError, match="layers.0.wv") as e:
         m.to_hf({"layers.0.wq": torch.zeros(4, 2), "layers.0.wk": torch.zeros(2, 2)})
     assert e.value.tensor == "model.layers.0.self_attn.qkv_proj.weight"
@@ -712,7 +712,7 @@ def test_to_hf_needs_every_part_of_a_fused_tensor():
     assert e.value.tensor == "layers.0.mystery"
 
 
-def test_manifest_inheritance_and_bad_manifest(tmp_path):
+def test_weights_map_inheritance_and_bad_map(tmp_path):
     (tmp_path / "base.toml").write_text(
         'architecture = "A"\nsource = "s"\n[config]\nx = ["x", 1]\n'
         '[[tensors]]\nhf = "a.{i}.w"\nparam = "l.{i}.w"\n'
@@ -721,10 +721,10 @@ def test_manifest_inheritance_and_bad_manifest(tmp_path):
         'architecture = "B"\nbase = "base.toml"\n[config.const]\nx = 5\n'
         '[[tensors]]\nhf = "b.{i}.w"\ntransforms = ["transpose"]\nparam = "l.{i}.w"\n'
     )
-    child = load_manifest(tmp_path / "child.toml")
+    child = load_weights_map(tmp_path / "child.toml")
     assert child.source == "s" and child.translate_config({"x": 2}) == {"x": 5}
     assert [r.hf for r in child.rules] == ["b.{i}.w"]
-    assert find_manifest("B", tmp_path).architecture == "B"
+    assert find_weights_map("B", tmp_path).architecture == "B"
     (tmp_path / "bad.toml").write_text('architecture = "C"\nsource = "s"\ntypo = 1\n')
     with pytest.raises(ConfigError, match="typo"):
-        load_manifest(tmp_path / "bad.toml")
+        load_weights_map(tmp_path / "bad.toml")

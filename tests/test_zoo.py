@@ -47,7 +47,7 @@ def test_every_promised_entry_is_listed_with_its_status():
 
 
 def _source_config(entry):
-    manifest = entry.manifest()
+    manifest = entry.weights_map()
     hf = {**entry.config, "architectures": [entry.architecture]}
     fields = manifest.translate_config(hf)
     source = source_for(manifest)
@@ -202,7 +202,7 @@ def test_zoo_show(name):
                   "license", "prompts"):  # fmt: skip
         assert f"\n{field}" in "\n" + done.output
     entry = registry().get(name)
-    assert entry.repo in done.output and f"zoo/{entry.manifest().source}.linnet" in done.output
+    assert entry.repo in done.output and f"zoo/{entry.weights_map().source}.linnet" in done.output
 
 
 def test_zoo_show_unknown():

@@ -10,12 +10,6 @@ def source_path(name: str) -> Path:
     return HERE / f"{name}.linnet"
 
 
-# The registry of zoo entries (zoo/entries.toml, zoo/revisions.toml) and pulling them.
+# The registry of zoo entries (zoo/entries.toml, zoo/revisions.toml); `linnet.hub.pull`
+# pulls them (the hub imports the zoo, never the reverse).
 from linnet.zoo.registry import Entry, Registry, get  # noqa: E402, F401
-
-
-def pull(name: str, **kwargs):
-    """Pull a zoo entry (or an HF repo id) into the HF cache: see `linnet.hub.pull`."""
-    from linnet.hub import pull as hub_pull
-
-    return hub_pull(name, **kwargs)

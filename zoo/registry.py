@@ -110,11 +110,11 @@ class Entry:
                 f"(it has {have or 'none'})"
             ) from None
 
-    def manifest(self):
+    def weights_map(self):
         """The weights map of this entry's architecture (and through it the source)."""
-        from linnet.weights.manifest import find_manifest
+        from linnet.weights.maps import find_weights_map
 
-        return find_manifest(self.architecture)
+        return find_weights_map(self.architecture)
 
     def matches(self, hf_config: dict) -> bool:
         """Whether a config.json describes this entry's model (architecture and shape)."""

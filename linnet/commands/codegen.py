@@ -18,9 +18,9 @@ def resolve_source_and_config(src: str, config: str | None):
 
     path = Path(src)
     if path.suffix != ".linnet" and not path.exists():
-        from linnet.hub import locate
+        from linnet.targets import resolve_checkpoint
 
-        path = locate(src).folder
+        path = resolve_checkpoint(src)
     if path.suffix == ".linnet":
         source = Source.load(path)
         overrides = {}

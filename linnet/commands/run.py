@@ -25,7 +25,8 @@ _REVISION = click.option("--revision", default=None, help="a branch, tag or comm
 
 
 def _locate(target: str, checkpoint, revision):
-    from linnet.hub import HubError, locate
+    from linnet.hub import HubError
+    from linnet.targets import locate
 
     with warnings_to_stderr():
         try:

@@ -93,7 +93,7 @@ def show(name: str) -> None:
         f"license       {e.license}",
     ]
     if e.ready:
-        m = e.manifest()
+        m = e.weights_map()
         lines += [
             f"source        zoo/{m.source}.linnet",
             f"weights map   weights_maps/{m.path.name} (with the config translation)",

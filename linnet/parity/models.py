@@ -46,10 +46,6 @@ def load_linnet(path: Path, backend: str, dtype: str, device: str, positions: in
     if backend == "jax":
         import linnet.jax
 
-        if path.suffix == ".gguf":
-            raise LinnetError(
-                "backend jax reads HF folders; export the GGUF with `linnet export hf`"
-            )
         return linnet.jax.load(path, dtype=dtype, max_positions=positions)
     import linnet.onnx
 

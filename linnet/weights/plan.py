@@ -3,7 +3,7 @@
 `make_plan` reads the safetensors headers (never tensor data) and checks, before
 anything is loaded, that every param the source expects is covered exactly once,
 that every HF tensor is mapped or declared ignorable, that each tensor's shape is
-what the manifest's inverse transform of its params' shapes gives, and that its
+what the weights map's inverse transform of its params' shapes gives, and that its
 dtype is a float dtype. Each problem names the tensor at fault. `Plan.load`
 then streams params one HF tensor at a time.
 """
@@ -12,73 +12,50 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from linnet.core.dtypes import DTYPES
 from linnet.core.dtypes import FLOAT_DTYPES as ACT_DTYPES
 from linnet.errors import CheckpointError, ConfigError
-from linnet.weights.manifest import Manifest, Rule
-from linnet.weights.safetensors_io import FLOAT_DTYPES, Checkpoint
+from linnet.weights.maps import WeightsMap
+from linnet.weights.plan_checks import (
+    HF_NAMES,
+    ROW_CHECKS,
+    NameFormat,
+    PlanContext,
+    Problem,
+    missing_problems,
+    shape_text,
+)
+from linnet.weights.safetensors_io import Checkpoint
+from linnet.weights.tensor_group import TensorGroup
 
 DTYPE_NAMES = {name: DTYPES[name].numpy for name in ACT_DTYPES}  # what a plan may cast to
-
-
-class Problem(str):
-    """One plan problem: a message (it is a str) that names `tensor`."""
-
-    tensor: str | None
-
-    def __new__(cls, message: str, tensor: str | None = None) -> Problem:
-        obj = super().__new__(cls, message)
-        obj.tensor = tensor
-        return obj
-
-
-@dataclass
-class PlanRow:
-    """One HF tensor of the checkpoint and what becomes of it."""
-
-    hf: str
-    shape: tuple[int, ...]
-    dtype: str
-    transform: str
-    params: tuple[str, ...]
-    note: str = ""  # "ignored", "tied duplicate, ignored", or a problem
-    rule: Rule | None = field(default=None, repr=False)
-    sizes: list[int] | None = field(default=None, repr=False)
-
-    @property
-    def loads(self) -> bool:
-        return self.rule is not None and not self.note
 
 
 def _natural(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(map(str, shape)) + "]"
-
-
 @dataclass
 class Plan:
     checkpoint: Checkpoint
-    manifest: Manifest
+    weights_map: WeightsMap
     config: dict[str, Any] | None
     dtype: str
-    rows: list[PlanRow]
+    rows: list[TensorGroup]
     problems: list[Problem]
     params: dict[str, tuple[int, ...]]
     tied: dict[str, str]
 
     @property
     def architecture(self) -> str:
-        return self.manifest.architecture
+        return self.weights_map.architecture
 
     @property
     def source(self) -> str:
-        return self.manifest.source
+        return self.weights_map.source
 
     def check(self) -> Plan:
         """Raise CheckpointError for the first problem (with a count of the rest)."""
@@ -132,7 +109,7 @@ class Plan:
     def format(self) -> str:
         """A readable table: architecture, source, config, then one row per HF tensor."""
         lines = [
-            f"architecture  {self.architecture}  (weights map {self.manifest.path.name})",
+            f"architecture  {self.architecture}  (weights map {self.weights_map.path.name})",
             f"source        {self.source}",
         ]
         if self.config is not None:
@@ -150,7 +127,7 @@ class Plan:
             target = ", ".join(r.params) if r.params else ""
             if r.note:
                 target = f"{target} ({r.note})" if target else f"({r.note})"
-            table.append((r.hf, _shape_text(r.shape), r.dtype, r.transform or "-", target))
+            table.append((r.hf, shape_text(r.shape), r.dtype, r.transform or "-", target))
         widths = [max(len(row[k]) for row in table) for k in range(4)]
         for row in table:
             lines.append(
@@ -172,168 +149,43 @@ class Plan:
 
 def make_plan(
     checkpoint: Checkpoint,
-    manifest: Manifest,
+    weights_map: WeightsMap,
     params: Mapping[str, tuple[int, ...]],
     tied: Mapping[str, str] | None = None,
     dtype: str = "bf16",
     *,
     config: dict[str, Any] | None = None,
+    names: NameFormat = HF_NAMES,
 ) -> Plan:
     """Match `checkpoint`'s tensors to the source's `params` (name -> shape) through
-    `manifest`, reading headers only. `tied` maps a param to the param it aliases (it
+    `weights_map`, reading headers only. `tied` maps a param to the param it aliases (it
     needs no tensor). `config`: the translated source config, shown by `format()`
-    (by default it is translated from the checkpoint's config.json)."""
-    tied = dict(tied or {})
-    params = {k: tuple(int(d) for d in v) for k, v in params.items()}
+    (by default it is translated from the checkpoint's config.json). `names`: how the
+    checkpoint names its tensors (HF's, or GGUF's for a GGUF file)."""
     if config is None:
         try:
-            config = manifest.translate_config(checkpoint.read_config())
+            config = weights_map.translate_config(checkpoint.read_config())
         except ConfigError:
             config = None
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_NAMES)}")
-
-    def shape_of(p: str) -> tuple[int, ...] | None:
-        if p in params:
-            return params[p]
-        if p in tied and tied[p] in params:
-            return params[tied[p]]
-        return None
-
-    expected = {p: s for p, s in params.items() if p not in tied}
-    covered: dict[str, str] = {}
-    rows: list[PlanRow] = []
-    problems: list[Problem] = []
-    src = f"the {manifest.source} source"
-
     headers = checkpoint.headers()
-    for name in sorted(headers, key=_natural):
-        info = headers[name]
-        row = PlanRow(name, info.shape, info.dtype, "", ())
-        rows.append(row)
-        desc = f"{info.dtype}{_shape_text(info.shape)}"
-        found = manifest.match(name, params)
-        if found is None:
-            if manifest.is_ignored(name):
-                row.note = "ignored"
-            else:
-                row.note = "unexpected"
-                problems.append(
-                    Problem(
-                        f"unexpected tensor {name} {desc}: {manifest.path.name} maps no "
-                        "param to it and does not list it as ignorable",
-                        name,
-                    )
-                )
-            continue
-        rule, bindings = found
-        targets = rule.targets(bindings)
-        row.rule, row.params, row.transform = rule, targets, rule.text
-
-        # A tensor for a tied param (lm_head.weight with tied embeddings).
-        if all(t in tied for t in targets):
-            shapes = [shape_of(t) for t in targets]
-            aliases = ", ".join(f"{t} = {tied[t]}" for t in targets)
-            try:
-                want = rule.hf_shape(shapes) if None not in shapes else None
-            except ValueError:
-                want = None
-            if want == info.shape:
-                row.note = "tied duplicate, ignored"
-            else:
-                row.note = "wrong shape"
-                problems.append(
-                    Problem(
-                        f"tensor {name} duplicates the tied param {aliases} but has shape "
-                        f"{_shape_text(info.shape)}, expected "
-                        f"{_shape_text(want) if want else 'the aliased shape'}",
-                        name,
-                    )
-                )
-            continue
-
-        unknown = [t for t in targets if t not in expected]
-        if unknown:
-            row.note = "unexpected"
-            problems.append(
-                Problem(
-                    f"unexpected tensor {name} {desc}: it maps to {', '.join(unknown)}, which "
-                    f"{src} does not have for this config",
-                    name,
-                )
-            )
-            continue
-        dup = [t for t in targets if t in covered]
-        if dup:
-            row.note = "duplicate"
-            problems.append(
-                Problem(
-                    f"tensor {name} maps to {dup[0]}, already loaded from {covered[dup[0]]}",
-                    name,
-                )
-            )
-            continue
-        for t in targets:
-            covered[t] = name
-
-        shapes = [expected[t] for t in targets]
-        try:
-            want = rule.hf_shape(shapes)
-        except ValueError as e:
-            row.note = "bad rule"
-            problems.append(Problem(f"tensor {name}: {e}", name))
-            continue
-        if want != info.shape:
-            row.note = "wrong shape"
-            got = " + ".join(f"{t} {_shape_text(s)}" for t, s in zip(targets, shapes, strict=True))
-            problems.append(
-                Problem(
-                    f"tensor {name} has shape {_shape_text(info.shape)}, expected "
-                    f"{_shape_text(want)} (for {got})",
-                    name,
-                )
-            )
-            continue
-        if info.dtype not in FLOAT_DTYPES:
-            row.note = "bad dtype"
-            problems.append(
-                Problem(
-                    f"tensor {name} has dtype {info.dtype}; expected a float dtype "
-                    f"({', '.join(FLOAT_DTYPES)})",
-                    name,
-                )
-            )
-            continue
-        if rule.split_axis is not None:
-            row.sizes = [s[rule.split_axis] for s in shapes]
-
-    for p in sorted(expected, key=_natural):
-        if p in covered:
-            continue
-        shape = _shape_text(expected[p])
-        found = manifest.rule_for_param(p)
-        if found is None:
-            problems.append(
-                Problem(f"param {p} {shape}: no rule of {manifest.path.name} produces it", None)
-            )
-            continue
-        rule, bindings = found
-        hf = rule.hf_name(bindings)
-        if hf in headers or (
-            manifest.hf_prefix
-            and hf.startswith(manifest.hf_prefix)
-            and hf[len(manifest.hf_prefix) :] in headers
-        ):
-            continue  # present but rejected above; that problem names it already
-        problems.append(Problem(f"missing tensor {hf} (for param {p} {shape})", hf))
-
-    return Plan(
-        checkpoint=checkpoint,
-        manifest=manifest,
-        config=config,
-        dtype=dtype,
-        rows=rows,
-        problems=problems,
-        params=params,
-        tied=tied,
+    ctx = PlanContext(
+        weights_map,
+        {k: tuple(int(d) for d in v) for k, v in params.items()},
+        dict(tied or {}),
+        names,
+        headers,
     )
+    rows, problems = [], []
+    for name in sorted(headers, key=_natural):
+        row = TensorGroup(name, tuple(headers[name].shape), headers[name].dtype)
+        rows.append(row)
+        for check in ROW_CHECKS:
+            verdict = check(ctx, row)
+            if verdict is not None:
+                row.note, problem = verdict
+                problems += [problem] if problem is not None else []
+                break
+    problems += missing_problems(ctx, _natural)
+    return Plan(checkpoint, weights_map, config, dtype, rows, problems, ctx.params, ctx.tied)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from linnet.core.dtypes import DTYPES
+from linnet.core.dtypes import FLOAT_DTYPES as LINNET_FLOATS
 from linnet.errors import CheckpointError, PickledCheckpoint
 
 SINGLE_FILE = "model.safetensors"
@@ -55,21 +57,17 @@ DTYPE_BITS: dict[str, int] = {
     "F6_E3M2": 6,
 }
 
-FLOAT_DTYPES = ("F32", "F16", "BF16")
+FLOAT_DTYPES = tuple(DTYPES[n].safetensors for n in LINNET_FLOATS)  # F32, F16, BF16
 
 
-# safetensors dtype -> numpy dtype (little-endian, as stored; bfloat16 from ml_dtypes).
+# safetensors dtype -> numpy dtype (as stored; bfloat16 from ml_dtypes): Linnet's dtypes
+# from the one table, then the codes only the format has.
 NUMPY_DTYPES = {
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "bfloat16",
+    **{row.safetensors: row.numpy for row in DTYPES.values()},
     "F64": "<f8",
-    "I64": "<i8",
-    "I32": "<i4",
     "I16": "<i2",
     "I8": "i1",
     "U8": "u1",
-    "BOOL": "?",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import ConfigError, LinnetError
-from linnet.weights.manifest import _MISSING, GgufSpec
+from linnet.weights.maps import MISSING, GgufSpec
 
 # ----------------------------------------------------------------------------------------
 # Metadata values
@@ -43,7 +43,7 @@ def metadata_values(spec: GgufSpec, config: Mapping) -> list[tuple[str, Any, str
     out = []
     for pattern, k in spec.metadata.items():
         value = config.get(k.field)
-        if value is None or (k.omit is not _MISSING and value == k.omit):
+        if value is None or (k.omit is not MISSING and value == k.omit):
             continue
         key = spec.key(pattern)
         out.append((key, _coerce(value, k.type, key), k.type))
@@ -166,3 +166,14 @@ def extra_rule(name: str, where: str) -> ExtraRule:
             f"{where}: unknown [gguf.extra] rule {name!r} (known: {', '.join(EXTRA)})"
         )
     return EXTRA[name]
+
+
+def special_token_ids(fields: Mapping[str, Any]) -> dict[str, int]:
+    """bos/eos/pad/unk token ids from a GGUF file's key/values, as config.json names them."""
+    out = {}
+    names = {"bos": "bos", "eos": "eos", "pad": "padding", "unk": "unknown"}
+    for kind, gguf_kind in names.items():
+        key = f"tokenizer.ggml.{gguf_kind}_token_id"
+        if key in fields:
+            out[f"{kind}_token_id"] = int(fields[key])
+    return out

@@ -1,0 +1,101 @@
+"""The GGUF reader: a llama.cpp file as a `Weights` stream (source, config, params).
+
+    w = weights_from_gguf("model.gguf")        # headers checked, nothing dequantized yet
+    for group, arrays in w: ...                # one tensor at a time, dequantized
+    print(plan_text("model.gguf"))             # `linnet plan` for a GGUF file
+
+The file is a `GgufCheckpoint` (headers, rebuilt config.json, tensor reads), planned by the
+same plan code as a safetensors folder (GGUF names): each tensor is checked against the
+source's params (name, shape) before any data is read; then tensors are dequantized one at
+a time with the gguf package (F32, F16, BF16, Q8_0, Q4_0, Q4_1, and every other type it
+knows), un-permuted (`WeightsMap.params_from_gguf`) and split into params. The front doors
+load a GGUF file through `linnet.weights.checkpoint.open_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from linnet.core.dtypes import normalize_dtype
+from linnet.weights.gguf_checkpoint import GgufCheckpoint, tensor_data, tensor_dtype
+from linnet.weights.stream import Weights, full_config, ordered
+from linnet.weights.tensor_group import TensorGroup
+
+
+def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
+    """A GGUF file as a `Weights` stream (source config from its metadata)."""
+    from linnet.loading import source_for
+
+    ck = GgufCheckpoint(path)
+    weights_map = ck.weights_map
+    act = normalize_dtype(act) if act is not None else "f32"
+    hf_config = ck.read_config()
+    source = source_for(weights_map)
+    config = full_config(source, weights_map, hf_config, act)
+    groups = _groups(ck, source, config)
+
+    def read(g: TensorGroup) -> list[np.ndarray]:
+        x = tensor_data(g.key)
+        return weights_map.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
+
+    return Weights(
+        weights_map=weights_map,
+        source=source,
+        config=config,
+        hf_config=hf_config,
+        dtype=ck.stored_dtype,
+        groups=ordered(weights_map, groups),
+        reader=read,
+        gguf_metadata=ck.fields,
+        origin=str(ck.path),
+    )
+
+
+def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:
+    """The file's tensors planned against the source's params (every problem raised
+    first), as the groups of a stream."""
+    from linnet.weights.plan import make_plan
+    from linnet.weights.plan_checks import GGUF_NAMES
+
+    layout = source.params(config)
+    shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
+    plan = make_plan(
+        ck, ck.weights_map, shapes, layout.tied, config["act"], config={}, names=GGUF_NAMES
+    )
+    plan.check()
+    groups = [row for row in plan.rows if row.loads]
+    for g in groups:
+        g.key, g.read_dtype = ck.tensors[g.hf], tensor_dtype(ck.tensors[g.hf])
+        g.hf = g.rule.hf_name(g.bindings)  # writers name groups by their HF tensor
+    return groups
+
+
+def plan_text(path: str | Path) -> str:
+    """`linnet plan` for a GGUF file: metadata, config, and each tensor's params."""
+    w = weights_from_gguf(path)
+    lines = [
+        f"gguf          {w.gguf_metadata.get('general.architecture')} -> "
+        f"{w.weights_map.architecture}  (weights map {w.weights_map.path.name})",
+        f"source        {w.weights_map.source}",
+        "config        " + " ".join(f"{k}={v}" for k, v in w.config.items()),
+        "",
+    ]
+    rows = [("GGUF tensor", "shape", "type", "transform", "params")]
+    for g in w.groups:
+        t = g.key
+        ts = w.weights_map.gguf.transforms_for(t.name)
+        steps = [f"rope_unpermute({x.field})" for x in ts]
+        if g.rule.split_axis is not None:
+            steps.append(f"split[{g.rule.split_axis}]")
+        shape = "[" + ", ".join(str(int(d)) for d in reversed(t.shape.tolist())) + "]"
+        rows.append(
+            (t.name, shape, t.tensor_type.name, " → ".join(steps) or "-", ", ".join(g.params))
+        )
+    widths = [max(len(r[k]) for r in rows) for k in range(4)]
+    for r in rows:
+        lines.append("  ".join(c.ljust(wd) for c, wd in zip(r[:4], widths)) + "  " + r[4])
+    lines.append("")
+    lines.append(f"{len(w.groups)} tensors -> {sum(len(g.params) for g in w.groups)} params")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""Computed config fields: a source field that no single config.json key holds.
+
+Each is declared once, as a `Computed` record with both directions:
+
+    COMPUTED["mlp_ratio_ffn"].read({"hidden_size": 384, "mlp_ratio": 4}, "ffn")   # 1536
+    hf = {"hidden_size": 384}
+    COMPUTED["mlp_ratio_ffn"].write(hf, 1536)                                      # mlp_ratio = 4
+
+`read(config, field_name)` takes the HF config and returns the source value; `write(hf,
+value)` sets the HF keys that read it back (it runs after the plain fields are written,
+so it may use them). A map names one with `field = { compute = "NAME" }` (see
+docs/weights-maps.md); the loader refuses a name not in `COMPUTED`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from linnet.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A source config field computed from several HF keys, and its inverse."""
+
+    name: str
+    read: Callable[[Mapping, str], Any]
+    write: Callable[[dict, Any], None]
+
+    def __post_init__(self) -> None:
+        if not (callable(self.read) and callable(self.write)):
+            raise TypeError(f"computed field {self.name}: needs both read and write")
+
+
+def _read_layer_types_window(config: Mapping, field_name: str) -> Any:
+    """Qwen2/Qwen3: one sliding window for all layers, or none.
+
+    transformers applies `sliding_window` only to layers whose `layer_types` entry
+    is "sliding_attention"; without `layer_types` those are the layers from
+    `max_window_layers` on, and only when `use_sliding_window` is true. The Llama
+    source has one window for every layer, so a mix is a ConfigError.
+    """
+    n_layers = config.get("num_hidden_layers", 32)
+    window = config.get("sliding_window", 4096)
+    types = config.get("layer_types")
+    if types is None:
+        if not config.get("use_sliding_window", False) or window is None:
+            return 0
+        first = config.get("max_window_layers", 28)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    kinds = set(types)
+    if kinds <= {"full_attention"}:
+        return 0
+    if kinds == {"sliding_attention"} and window:
+        return int(window)
+    raise ConfigError(
+        f"config.json: layer_types mixes {sorted(kinds)} (sliding_window={window}); the source "
+        f"has one attention window ({field_name}) for every layer"
+    )
+
+
+def _write_layer_types_window(hf: dict, value: Any) -> None:
+    hf["use_sliding_window"] = bool(value)
+    hf["sliding_window"] = int(value) if value else None
+    hf["max_window_layers"] = 0
+
+
+def _read_num_labels(config: Mapping, field_name: str) -> Any:
+    """Classifier outputs: transformers derives `num_labels` from `id2label`."""
+    labels = config.get("id2label")
+    return len(labels) if labels else int(config.get("num_labels", 2))
+
+
+def _write_num_labels(hf: dict, value: Any) -> None:
+    hf["num_labels"] = int(value)
+    hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(int(value))}
+    hf["label2id"] = {f"LABEL_{i}": i for i in range(int(value))}
+
+
+def _read_mlp_ratio_ffn(config: Mapping, field_name: str) -> Any:
+    """DINOv2: the MLP width is int(hidden_size * mlp_ratio)."""
+    return int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
+
+
+def _write_mlp_ratio_ffn(hf: dict, value: Any) -> None:
+    hidden, ffn = hf.get("hidden_size", 768), int(value)
+    ratio = ffn / hidden
+    if int(hidden * ratio) < ffn:  # float rounding fell just below: step up one ulp
+        ratio = math.nextafter(ratio, math.inf)
+    hf["mlp_ratio"] = int(ratio) if ratio == int(ratio) else ratio
+
+
+def _read_global_every(config: Mapping, field_name: str) -> Any:
+    """ModernBERT: global attention on layers i % n == 0, local on the others.
+
+    Hub configs give `global_attn_every_n_layers`; transformers 5 saves `layer_types` too
+    (and its models follow `layer_types`). The source expresses the every-n pattern only,
+    so a `layer_types` that no n produces is a ConfigError.
+    """
+    every = int(config.get("global_attn_every_n_layers", 3))
+    types = config.get("layer_types")
+    if types is None:
+        return every
+    n_layers = len(types)
+    for n in [every, *range(1, n_layers + 1)]:  # the stated n first, else the n that fits
+        pattern = ["sliding_attention" if i % n else "full_attention" for i in range(n_layers)]
+        if list(types) == pattern:
+            return n
+    raise ConfigError(
+        f"config.json: layer_types {list(types)} is not global attention every n layers; "
+        f"the source's {field_name} expresses only that pattern"
+    )
+
+
+def _write_global_every(hf: dict, value: Any) -> None:
+    hf["global_attn_every_n_layers"] = int(value)  # transformers derives layer_types from it
+
+
+def _read_resnet_widths(config: Mapping, field_name: str) -> Any:
+    """ResNet: the stem's width (`embedding_size`), then each stage's (`hidden_sizes`)."""
+    sizes = config.get("hidden_sizes", [256, 512, 1024, 2048])
+    return [int(config.get("embedding_size", 64)), *map(int, sizes)]
+
+
+def _write_resnet_widths(hf: dict, value: Any) -> None:
+    hf["embedding_size"], hf["hidden_sizes"] = int(value[0]), [int(v) for v in value[1:]]
+
+
+COMPUTED: dict[str, Computed] = {
+    c.name: c
+    for c in (
+        Computed("layer_types_window", _read_layer_types_window, _write_layer_types_window),
+        Computed("num_labels", _read_num_labels, _write_num_labels),
+        Computed("mlp_ratio_ffn", _read_mlp_ratio_ffn, _write_mlp_ratio_ffn),
+        Computed("global_every", _read_global_every, _write_global_every),
+        Computed("resnet_widths", _read_resnet_widths, _write_resnet_widths),
+    )
+}
