@@ -53,7 +53,8 @@ def export_onnx(
     config = export_config(weights, dtype, max_positions)
     source = weights.source
     layout = source.params(config)
-    entries = {e: prepare(source, config, e) for e in source.entries_for(config)}  # first
+    program = source.program(config)
+    entries = {e: prepare(program, e) for e in source.entries_for(config)}  # first
     with atomic_path(out_dir, is_dir=True, overwrite=overwrite) as tmp:
         initializers = write_data(weights, tmp / DATA, dtype, progress, out_dir.name)
         for name, entry in entries.items():

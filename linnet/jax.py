@@ -219,9 +219,9 @@ def load(
     if from_stablehlo is not None:
         from linnet.stablehlo import load_exports
 
-        runner = ExportRunner(source, config, load_exports(from_stablehlo))
+        runner = ExportRunner(source.program(config), load_exports(from_stablehlo))
     else:
-        runner = JitRunner(source, config, numerics)
+        runner = JitRunner(source.program(config), numerics)
     model = JaxModel(source, config, params, runner, hf_config=hf_config)
     if from_stablehlo is not None:
         from linnet.stablehlo import check_fits
@@ -246,5 +246,5 @@ def load_source(
     params = {}
     for name, t in layout.shapes.items():
         params[name] = weights[name].astype(numpy_dtype(t.dtype))
-    runner = JitRunner(source, config, numerics)
+    runner = JitRunner(source.program(config), numerics)
     return JaxModel(source, config, params, runner)

@@ -59,7 +59,8 @@ class TorchModel:
         self.device = torch.device(device)
         self.numerics = numerics
         self.mode = mode
-        self.runner = make_runner(mode, source, config, self.params, self.device, numerics)
+        program = source.program(config)
+        self.runner = make_runner(mode, program, self.params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
 
     @property

@@ -99,8 +99,9 @@ def export_entry(
         raise LinnetError(
             f"--entry {entry}: the {source.name} source has {', '.join(source.entries)}"
         )
-    prepared = prepare(source, config, entry)
-    module = load_module(generate_entries(source, config, {entry: prepared}, numerics), entry)
+    program = source.program(config)
+    prepared = prepare(program, entry)
+    module = load_module(generate_entries(program, {entry: prepared}, numerics), entry)
     donate = tuple(range(1, 1 + len(prepared.graph.states)))
     fn = jax.jit(getattr(module, entry), donate_argnums=donate)
     return jax_export.export(fn, platforms=platforms)(*arg_specs(source, config, prepared))

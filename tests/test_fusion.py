@@ -65,7 +65,7 @@ def test_fused_logits_match_unfused(tiny, arch, variant, monkeypatch):
     path = tiny(arch, variant)
     fused = lt.load(path, dtype="f32", mode="generated")
     monkeypatch.setattr(
-        torch_runners, "lower_entries", lambda source, config, fuse: lower_entries(source, config)
+        torch_runners, "lower_entries", lambda program, fuse: lower_entries(program)
     )
     plain = lt.load(path, dtype="f32", mode="generated")
     monkeypatch.undo()

@@ -35,6 +35,10 @@ def llama(n_layers: int):
     return source, source.config(dict(LLAMA, n_layers=n_layers))
 
 
+def program(source, config):
+    return source.program(config)
+
+
 def peak_live_temporaries(method_text: str) -> int:
     """Walk one generated method: `tN = ...` makes a temporary live, `del tN, ...` ends it."""
     live, peak = set(), 0
@@ -58,7 +62,7 @@ def method(text: str, name: str) -> str:
 @pytest.mark.parametrize("entry", ["forward", "decode"])
 def test_generated_code_holds_a_layer_of_temporaries_not_the_model(entry):
     """Eight layers keep no more temporaries alive at once than two do."""
-    peaks = {n: peak_live_temporaries(method(generate(*llama(n), "equivalent"), entry))
+    peaks = {n: peak_live_temporaries(method(generate(program(*llama(n)), "equivalent"), entry))
              for n in (2, 8)}
     assert 0 < peaks[8] == peaks[2], peaks
 
@@ -67,7 +71,7 @@ def test_interpreter_drops_temporaries_after_their_last_use():
     peaks = {}
     for n in (2, 8):
         source, cfg = llama(n)
-        graph = reference_graph(source, cfg, "forward")
+        graph = reference_graph(source.program(cfg), "forward")
         shapes = source.params(cfg).shapes
         params = {k: torch.randn([d.value for d in t.shape]) for k, t in shapes.items()}
         interp = Interpreter(graph, params)
@@ -169,8 +173,10 @@ def test_linear_lowp_leaves_few_rows_and_native_cpus_to_the_native_kernel(monkey
 
 def test_generated_source_uses_linear_lowp_for_bf16_only():
     source = Source.load(source_path("llama"))
-    f32 = generate(source, source.config(dict(LLAMA, n_layers=1)), "equivalent")
-    bf16 = generate(source, source.config(dict(LLAMA, n_layers=1, act="bf16")), "equivalent")
+    f32 = generate(source.program(source.config(dict(LLAMA, n_layers=1))), "equivalent")
+    bf16 = generate(
+        source.program(source.config(dict(LLAMA, n_layers=1, act="bf16"))), "equivalent"
+    )
     assert "= linear_lowp(" not in f32 and "= F.linear(" in f32
     assert "= linear_lowp(" in bf16 and "= F.linear(" not in bf16
 

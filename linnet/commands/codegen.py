@@ -61,7 +61,7 @@ def torch_command(src: str, output: Path | None, numerics: str, config: str | No
     from linnet.backends.torch_codegen import generate
 
     source, cfg = resolve_source_and_config(src, config)
-    emit_source(generate(source, cfg, numerics), output)
+    emit_source(generate(source.program(cfg), numerics), output)
 
 
 def emit_source(text: str, output: Path | None) -> None:

@@ -39,7 +39,7 @@ def jax_command(src: str, output: Path | None, numerics: str, config: str | None
     from linnet.backends.jax_codegen import generate
 
     source, cfg = resolve(src, config)
-    emit_source(generate(source, cfg, numerics), output)
+    emit_source(generate(source.program(cfg), numerics), output)
 
 
 @click.command("stablehlo")
