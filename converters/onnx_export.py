@@ -29,8 +29,8 @@ from linnet.converters.weights_io import (
 from onnx import TensorProto
 
 from linnet.atomic import atomic_path
-from linnet.backends.onnx_emit import ONNX_DTYPES
-from linnet.backends.onnx_graph import prepare, signature, to_model
+from linnet.backends.onnx.emit import ONNX_DTYPES
+from linnet.backends.onnx.graph import prepare, signature, to_model
 from linnet.loading import DEFAULT_MAX_POSITIONS
 
 DATA = "weights.onnx.data"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from linnet.backends.interp import TORCH_DTYPES
+from linnet.backends.torch.interp import TORCH_DTYPES
 from linnet.loading import plan_checkpoint
 from linnet.runtime import TorchModel
 from linnet.source import Source

@@ -24,9 +24,9 @@ from linnet.zoo import source_path  # noqa: E402
 
 import linnet.jax as lj  # noqa: E402
 from linnet import stablehlo  # noqa: E402
-from linnet.backends import jax_prelude  # noqa: E402
-from linnet.backends.jax_codegen import generate  # noqa: E402
-from linnet.backends.jax_runners import ExportRunner, JitRunner  # noqa: E402
+from linnet.backends.jax import prelude as jax_prelude  # noqa: E402
+from linnet.backends.jax.codegen import generate  # noqa: E402
+from linnet.backends.jax.runners import ExportRunner, JitRunner  # noqa: E402
 from linnet.errors import LinnetError, RuntimeGuardError  # noqa: E402
 from linnet.ir.library import rope_tables  # noqa: E402
 from linnet.source import Source  # noqa: E402

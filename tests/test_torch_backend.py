@@ -18,10 +18,10 @@ import torch
 from linnet.zoo import source_path
 
 import linnet.torch as lt
-from linnet.backends.cudagraphs import capture_plan
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import generate, generate_graphs
-from linnet.backends.torch_runners import load_generated
+from linnet.backends.torch.codegen import generate, generate_graphs
+from linnet.backends.torch.cudagraphs import capture_plan
+from linnet.backends.torch.interp import Interpreter
+from linnet.backends.torch.runners import load_generated
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose
 from linnet.source import Source

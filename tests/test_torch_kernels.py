@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from linnet.zoo import get, source_path
 
 import linnet.torch as lt
-from linnet.backends import torch_prelude
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import generate
-from linnet.backends.torch_runners import reference_graph
+from linnet.backends.torch import prelude as torch_prelude
+from linnet.backends.torch.codegen import generate
+from linnet.backends.torch.interp import Interpreter
+from linnet.backends.torch.runners import reference_graph
 from linnet.ir.passes import dying_values
 from linnet.source import Source
 from tests.checkpoints import build_tiny, probe_ids

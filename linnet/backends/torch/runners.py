@@ -18,13 +18,13 @@ import types
 
 import torch
 
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import (
+from linnet.backends.torch.codegen import (
     class_name,
     generate_graphs,
     lower_entries,
     state_ident,
 )
+from linnet.backends.torch.interp import Interpreter
 from linnet.errors import LinnetError
 from linnet.ir.pipeline import run_pipeline
 from linnet.ir.program import Program
@@ -145,7 +145,7 @@ def make_runner(mode: str, program: Program, params, device, numerics):
     if numerics not in NUMERICS:
         raise LinnetError(f"numerics={numerics!r}: choose one of {', '.join(NUMERICS)}")
     if mode == "cudagraphs":
-        from linnet.backends.cudagraphs import CudaGraphRunner
+        from linnet.backends.torch.cudagraphs import CudaGraphRunner
 
         return CudaGraphRunner(program, params, device, numerics)
     if mode == "interpret":

@@ -19,8 +19,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from linnet.backends import jax_prelude
-from linnet.backends.jax_emit import JAX_DTYPE_NAMES, JaxSpell, Lines, emit
+from linnet.backends.jax import prelude as jax_prelude
+from linnet.backends.jax.emit import JAX_DTYPE_NAMES, JaxSpell, Lines, emit
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
 from linnet.ir.passes import inplace_updates
@@ -224,7 +224,7 @@ def generate_entries(
         usage=_usage(entries),
     )
     prelude = inspect.getsource(jax_prelude).split('"""', 2)[2].strip()
-    body = [header, "# -- helpers (linnet/backends/jax_prelude.py) " + "-" * 42, prelude]
+    body = [header, "# -- helpers (linnet/backends/jax/prelude.py) " + "-" * 42, prelude]
     body += ["", "", "# -- the model " + "-" * 74, *tables, "", ""]
     body += emit_state(entries) + functions + jits
     return "\n".join(body) + "\n"

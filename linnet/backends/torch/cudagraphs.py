@@ -36,8 +36,8 @@ class CudaGraphRunner:
             )
         if not torch.cuda.is_available():
             raise LinnetError("mode='cudagraphs' needs CUDA, and torch sees no CUDA device")
-        from linnet.backends.torch_codegen import generate_graphs
-        from linnet.backends.torch_runners import GeneratedRunner, load_generated
+        from linnet.backends.torch.codegen import generate_graphs
+        from linnet.backends.torch.runners import GeneratedRunner, load_generated
 
         self.eager = GeneratedRunner(program, params, device, numerics)
         self.inputs, self.state_types = self.eager.inputs, self.eager.state_types

@@ -14,9 +14,9 @@ from __future__ import annotations
 import inspect
 import re
 
-from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
-from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Spell, emit
+from linnet.backends.torch import prelude as torch_prelude
+from linnet.backends.torch.emit import TORCH_DTYPE_NAMES, Spell, emit
 from linnet.ir.graph import Graph
 from linnet.ir.passes import dying_values, inplace_updates
 from linnet.ir.pipeline import run_pipelines
@@ -63,7 +63,6 @@ def _shape_comment(value) -> str:
 
 def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     """The lines of one entry point as a method."""
-    names: dict = {}
     args = [v.name for v in graph.inputs] + list(graph.dim_inputs)
     # state comes in as arguments (default: the module's own buffers), so torch.compile
     # sees it as an input rather than a fixed attribute
@@ -72,9 +71,22 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     lines = [f"    def {name}({sig}):"]
     for sname in idents:
         lines.append(f"        {sname} = self.{sname} if {sname} is None else {sname}")
-    for v in graph.inputs:
-        names[v] = v.name
-        lines.append(f"        # {v.name}: {v.type}")
+    lines += _bind_inputs(graph)
+    names: dict = {v: v.name for v in graph.inputs}
+    names.update({v: attr_path(p) for p, v in graph.params.items()})
+    names.update({v: state_ident(s) for s, v in graph.states.items()})
+    lines += _emit_body(graph, spell, names, set(idents))
+    for sname, v in graph.state_outputs.items():
+        if names[v] != state_ident(sname):
+            lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
+    lines.append(f"        return {', '.join(names[v] for v in graph.outputs)}")
+    return lines
+
+
+def _bind_inputs(graph: Graph) -> list[str]:
+    """Comments naming the inputs, then the runtime dims bound from their shapes and the
+    dim arguments, then the device."""
+    lines = [f"        # {v.name}: {v.type}" for v in graph.inputs]
     bound = set()
     for v in graph.inputs:
         for axis, d in enumerate(v.type.shape):
@@ -86,41 +98,34 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
         lines.append(f"        {atom} = {arg}")
     first = graph.inputs[0].name if graph.inputs else "self.embed"
     lines.append(f"        _dev = {first}.device")
-    for pname, v in graph.params.items():
-        names[v] = attr_path(pname)
-    for sname, v in graph.states.items():
-        names[v] = state_ident(sname)
+    return lines
+
+
+def _emit_body(graph: Graph, spell: Spell, names: dict, idents: set) -> list[str]:
+    """One line per node (`names`: value -> its Python name, filled as it goes); each
+    temporary freed after its last use (see `dying_values`)."""
     inplace = inplace_updates(graph)
     dying = dying_values(graph)
+    lines: list[str] = []
     temps = set()  # the method's own temporaries (not params, inputs or state)
     for index, node in enumerate(graph.nodes):
         if node.op == "update_slice":
-            node = type(node)(
-                node.op,
-                node.inputs,
-                dict(node.attrs, inplace=index in inplace),
-                node.output,
-                node.where,
-            )
+            attrs = dict(node.attrs, inplace=index in inplace)
+            node = type(node)(node.op, node.inputs, attrs, node.output, node.where)
         text = emit(node, spell, [names[v] for v in node.inputs])
         out = node.output
-        var = None if out is None else f"t{out.id}"
         if isinstance(text, Lines):
             lines += [f"        {line}" for line in text.lines]
             text = text.value
         if out is not None and text in idents:
             names[out] = text  # written in place: same buffer
         elif out is not None:
-            lines.append(f"        {var} = {text}{_shape_comment(out)}")
-            names[out] = var
-            temps.add(var)
+            lines.append(f"        t{out.id} = {text}{_shape_comment(out)}")
+            names[out] = f"t{out.id}"
+            temps.add(f"t{out.id}")
         dead = [names[v] for v in dying.get(index, []) if names.get(v) in temps]
-        if dead:  # free each temporary after its last use (see `dying_values`)
+        if dead:
             lines.append(f"        del {', '.join(dead)}")
-    for sname, v in graph.state_outputs.items():
-        if names[v] != state_ident(sname):
-            lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
-    lines.append(f"        return {', '.join(names[v] for v in graph.outputs)}")
     return lines
 
 
@@ -209,7 +214,7 @@ def generate_graphs(
     prelude = inspect.getsource(torch_prelude).split('"""', 2)[2].strip()
     body = [
         HEADER.format(title=title, name=program.name, numerics=numerics, config=shown, cls=cls),
-        "# -- helpers (linnet/backends/torch_prelude.py) " + "-" * 40,
+        "# -- helpers (linnet/backends/torch/prelude.py) " + "-" * 40,
         prelude,
         "",
         "",

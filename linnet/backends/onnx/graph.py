@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from onnx import TensorProto, helper
 
-from linnet.backends.onnx_emit import (
+from linnet.backends.onnx.emit import (
     IR_VERSION,
     ONNX_DTYPES,
     OPSET,

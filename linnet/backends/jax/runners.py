@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linnet.backends.jax_codegen import generate_entries, prepare_all
+from linnet.backends.jax.codegen import generate_entries, prepare_all
 from linnet.core.dtypes import numpy_dtype as core_numpy_dtype
 from linnet.errors import LinnetError
 from linnet.ir.program import Program
