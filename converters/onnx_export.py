@@ -22,8 +22,8 @@ import onnx
 from onnx import TensorProto
 
 from linnet.atomic import atomic_path
-from linnet.backends.onnx_emit import ONNX_DTYPES
-from linnet.backends.onnx_graph import prepare, signature, to_model
+from linnet.backends.onnx.emit import ONNX_DTYPES
+from linnet.backends.onnx.graph import prepare, signature, to_model
 from linnet.core.dtypes import normalize_dtype
 from linnet.loading import DEFAULT_MAX_POSITIONS
 from linnet.weights.casting import write_converted
@@ -49,7 +49,8 @@ def export_onnx(
     config = export_config(weights, dtype, max_positions)
     source = weights.source
     layout = source.params(config)
-    entries = {e: prepare(source, config, e) for e in source.entries_for(config)}  # first
+    program = source.program(config)
+    entries = {e: prepare(program, e) for e in source.entries_for(config)}  # first
     with atomic_path(out_dir, is_dir=True, overwrite=overwrite) as tmp:
         initializers = write_data(weights, tmp / DATA, dtype, progress, out_dir.name)
         for name, entry in entries.items():

@@ -1,7 +1,7 @@
 """The generation loop every backend's model shares, over its own `decode`.
 
-A model mixes in `Generation` and provides `_ids(ids)` (validated ids in its array
-type), `_decode(ids, pos)` (last-position logits, the cache advanced),
+`linnet.model.Decoder` mixes it in for every backend. A model provides `_ids(ids)`
+(validated ids in its array type), `_decode(ids, pos)` (last-position logits, the cache advanced),
 `reset()`, `position`, `_sampler(do_sample, temperature, top_k, **rng)` (a function
 logits -> token ids [B]) and `_concat(parts)` (join along the sequence axis); for the
 cache, `_state_specs(batch)` (name, shape, dtype of each state), `_shape_of(array)` and
@@ -68,17 +68,3 @@ class Generation:
 
 def _host(token):
     return token.cpu() if hasattr(token, "cpu") else token
-
-
-def check_ids(ids: np.ndarray, vocab: int | None) -> np.ndarray:
-    """Token ids as int64 [B, S] (a 1-D sequence is one batch row), each in [0, vocab)."""
-    ids = np.asarray(ids)
-    if ids.ndim == 1:
-        ids = ids[None]
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise LinnetError(f"token ids must be integers [B, S], got {ids.dtype}{list(ids.shape)}")
-    if ids.size and vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise LinnetError(
-            f"token ids must lie in [0, {vocab}), got {int(ids.min())} to {int(ids.max())}"
-        )
-    return ids.astype(np.int64)

@@ -19,27 +19,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linnet.backends.jax_codegen import guard_dims, state_shape
-from linnet.backends.jax_prelude import nest_params
-from linnet.backends.jax_runners import ExportRunner, JitRunner, numpy_dtype
-from linnet.errors import LinnetError, RuntimeGuardError
-from linnet.generation import Generation, check_ids
-from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
+from linnet.backends.jax.arrays import JaxArrays
+from linnet.backends.jax.codegen import guard_dims
+from linnet.backends.jax.prelude import nest_params
+from linnet.backends.jax.runners import ExportRunner, JitRunner, numpy_dtype
+from linnet.errors import RuntimeGuardError
+from linnet.model import Decoder, Encoder, Model, family
 from linnet.source import Source
 from linnet.weights.checkpoint import open_checkpoint
 
 
-class JaxModel:
+class JaxModel(Model):
     """A source's entries on JAX. `JaxModel(...)` gives `JaxDecoder` for a source with
-    `decode`, `JaxEncoder` for one with `embed` (as `linnet.runtime.TorchModel` does)."""
+    `decode`, `JaxEncoder` for one with `embed` (the contract of `linnet/model.py`)."""
 
-    def __new__(cls, source: Source, *args, **kwargs):
-        if cls is JaxModel:
-            if "decode" in source.entries:
-                cls = JaxDecoder
-            elif "embed" in source.entries:
-                cls = JaxEncoder
-        return super().__new__(cls)
+    arrays = JaxArrays()
 
     def __init__(self, source: Source, config: dict, params: dict, runner, *, hf_config=None):
         self.source = source
@@ -62,28 +56,31 @@ class JaxModel:
         """Entry -> how many times XLA traced (and so compiled) it in this process."""
         return dict(self.runner.traces)
 
-    # -- entries -----------------------------------------------------------------------
-    def run(self, entry: str, *inputs, **dims) -> jax.Array:
-        """Run one entry: its tensor inputs in the source's order (None where a default
-        exists), its runtime dims (`at=...`) by keyword."""
-        if entry not in self.runner.entries:
-            raise LinnetError(
-                f"the {self.source.name} source has no entry `{entry}` "
-                f"(entries: {', '.join(self.entries)})"
-            )
-        return self._run(entry, self._inputs(entry, list(inputs)), dims)[0]
+    def _missing_entry(self, entry: str) -> str:
+        return f"the {self.source.name} source " + super()._missing_entry(entry)
 
-    def forward(self, *inputs) -> jax.Array:
-        """The `forward` entry (decoders: logits of every position, [B, S, V])."""
-        return self.run("forward", *inputs)
+    def _declared(self, entry: str) -> list:
+        graph = self.runner.entries[entry].graph
+        return [(v.name, v.type.dtype, v.type.rank) for v in graph.inputs]
 
-    __call__ = forward
+    def _state_types(self) -> dict:
+        return {
+            name: (value.type.shape, value.type.dtype)
+            for entry in self.runner.entries.values()
+            for name, value in entry.graph.states.items()
+        }
 
-    # -- helpers -------------------------------------------------------------------------
-    def _run(self, name: str, inputs: list, dim_values: dict) -> list:
+    def _execute(self, name: str, inputs: list, dim_values: dict) -> jax.Array:
+        self._check_guards(name, inputs, dim_values)
+        outputs, states = self.runner.run(name, self.params, self.state, inputs, dim_values)
+        self.state.update(states)
+        return outputs[0]
+
+    def _check_guards(self, name: str, inputs: list, dim_values: dict) -> None:
+        """The source's `require`s, on the host."""
         entry = self.runner.entries[name]
         dims = guard_dims(entry, inputs, dim_values)
-        for node in entry.guards:  # the source's `require`s, on the host
+        for node in entry.guards:
             lhs, rhs = node.attrs["lhs"].eval(dims), node.attrs["rhs"].eval(dims)
             if lhs > rhs:
                 where = f"{node.where}: " if node.where else ""
@@ -91,106 +88,17 @@ class JaxModel:
                     f"{where}{node.attrs['message']} failed: "
                     f"{node.attrs['lhs']} = {lhs} > {node.attrs['rhs']} = {rhs}"
                 )
-        outputs, states = self.runner.run(name, self.params, self.state, inputs, dim_values)
-        self.state.update(states)
-        return outputs
-
-    def _inputs(self, name: str, given: list) -> list:
-        declared = self.runner.entries[name].graph.inputs
-        if len(given) > len(declared):
-            names = ", ".join(v.name for v in declared)
-            raise LinnetError(f"`{name}` takes {len(declared)} inputs ({names})")
-        given += [None] * (len(declared) - len(given))
-        out = []
-        for value, x in zip(declared, given):
-            if x is None:
-                x = default_input(value.name, out)
-            elif value.name in TOKEN_INPUTS:
-                x = self._ids(x)
-            out.append(jnp.asarray(x, dtype=numpy_dtype(value.type.dtype)))
-        return out
-
-    def _ids(self, ids) -> jax.Array:
-        return jnp.asarray(check_ids(ids, self.config.get("vocab")), dtype=jnp.int32)
 
 
-def default_input(name: str, given: list):
-    """A padding mask left out: all ones (every position valid), like the ids before it."""
-    if name in MASK_INPUTS and given:
-        return jnp.ones(given[0].shape[:2], dtype=jnp.int32)
-    raise LinnetError(f"input `{name}` is required")
-
-
-class JaxEncoder(JaxModel):
+class JaxEncoder(Encoder, JaxModel):
     """A source with an `embed` entry: one vector per sequence."""
 
-    def embed(self, ids, attention_mask=None, normalize: bool = False) -> jax.Array:
-        """Pooled embeddings [B, H]; `normalize`: scaled to unit L2 norm."""
-        out = self.run("embed", ids, attention_mask)
-        if not normalize:
-            return out
-        return out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
 
-
-class JaxDecoder(Generation, JaxModel):
+class JaxDecoder(Decoder, JaxModel):
     """A source with a `decode` entry: the cache stays on device between steps."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.position = 0
 
-    @property
-    def max_positions(self) -> int:
-        return self.config["max_positions"]
-
-    def decode(self, ids, pos: int) -> jax.Array:
-        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
-        return self._decode(self._ids(ids), int(pos))
-
-    def _decode(self, ids, pos: int) -> jax.Array:
-        self._ensure_state(ids.shape[0], pos)
-        out = self._run("decode", [ids], {"at": pos})[0]
-        self.position = pos + ids.shape[1]
-        return out
-
-    def reset(self) -> None:
-        self.state = {}
-        self.position = 0
-
-    def _sampler(self, do_sample, temperature, top_k, seed: int = 0):
-        keys = [jax.random.PRNGKey(seed)]
-
-        def pick(logits):
-            keys[0], sub = jax.random.split(keys[0])
-            return _pick(logits, do_sample, temperature, top_k, sub)
-
-        return pick
-
-    @staticmethod
-    def _concat(parts) -> jax.Array:
-        return jnp.concatenate(parts, axis=1)
-
-    def _state_specs(self, batch: int):
-        for entry in self.runner.entries.values():
-            for name, value in entry.graph.states.items():
-                yield name, state_shape(value.type, batch), value.type.dtype
-
-    @staticmethod
-    def _shape_of(x):
-        return x.shape
-
-    def _new_state(self, name: str, shape, dtype: str) -> None:
-        self.state[name] = jnp.zeros(shape, numpy_dtype(dtype))
-
-
-def _pick(logits, do_sample, temperature, top_k, key) -> jax.Array:
-    if not do_sample:
-        return jnp.argmax(logits, axis=-1)
-    scores = logits.astype(jnp.float32) / max(temperature, 1e-6)
-    if top_k:
-        kth = jax.lax.top_k(scores, top_k)[0][:, -1:]
-        scores = jnp.where(scores < kth, -jnp.inf, scores)
-    return jax.random.categorical(key, scores, axis=-1)
+family(JaxModel, JaxEncoder, JaxDecoder)
 
 
 def load(
@@ -218,9 +126,9 @@ def load(
     if from_stablehlo is not None:
         from linnet.stablehlo import load_exports
 
-        runner = ExportRunner(source, config, load_exports(from_stablehlo))
+        runner = ExportRunner(source.program(config), load_exports(from_stablehlo))
     else:
-        runner = JitRunner(source, config, numerics)
+        runner = JitRunner(source.program(config), numerics)
     model = JaxModel(source, config, params, runner, hf_config=hf_config)
     if from_stablehlo is not None:
         from linnet.stablehlo import check_fits
@@ -245,5 +153,5 @@ def load_source(
     params = {}
     for name, t in layout.shapes.items():
         params[name] = weights[name].astype(numpy_dtype(t.dtype))
-    runner = JitRunner(source, config, numerics)
+    runner = JitRunner(source.program(config), numerics)
     return JaxModel(source, config, params, runner)

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from linnet.backends.onnx.arrays import OnnxArrays
 from linnet.core.dims import Poly
-from linnet.core.dtypes import numpy_dtype
 from linnet.errors import LinnetError, RuntimeGuardError
-from linnet.generation import Generation, check_ids
-from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
+from linnet.model import Decoder, Encoder, Model, family
 
 
 def export(
@@ -97,72 +96,46 @@ def load(path: str | Path, *, providers=None, threads: int | None = None) -> Onn
     return OnnxModel(signature, sessions)
 
 
-class OnnxModel:
+class OnnxModel(Model):
     """An export's entries on onnxruntime. `OnnxModel(...)` gives `OnnxDecoder` for an
-    export with `decode`, `OnnxEncoder` for one with `embed` (as `linnet.torch` does)."""
+    export with `decode`, `OnnxEncoder` for one with `embed` (the contract of
+    `linnet/model.py`)."""
 
-    def __new__(cls, signature: dict, *args, **kwargs):
-        if cls is OnnxModel:
-            if "decode" in signature["entries"]:
-                cls = OnnxDecoder
-            elif "embed" in signature["entries"]:
-                cls = OnnxEncoder
-        return super().__new__(cls)
+    @staticmethod
+    def _entries_of(signature: dict, *args, **kwargs) -> list[str]:
+        return list(signature["entries"])
 
     def __init__(self, signature: dict, sessions: dict) -> None:
         self.signature = signature
         self.config = signature["config"]
         self.sessions = sessions
+        self.arrays = OnnxArrays()
         self.state: dict = {}  # state part -> onnxruntime OrtValue
-        self._buffers: dict[str, np.ndarray] = {}
 
     @property
     def entries(self) -> list[str]:
         return list(self.signature["entries"])
 
-    # -- entries -----------------------------------------------------------------------
-    def run(self, entry: str, *inputs, **dims) -> np.ndarray:
-        """Run one entry: its inputs in the source's order (None where a default exists),
-        its runtime dims (`at=...`) by keyword."""
-        if entry not in self.signature["entries"]:
-            raise LinnetError(
-                f"this export has no entry `{entry}` (entries: {', '.join(self.entries)})"
-            )
-        return self._run(entry, self._inputs(entry, list(inputs)), dims)
+    def _missing_entry(self, entry: str) -> str:
+        return "this export " + super()._missing_entry(entry)
 
-    def forward(self, *inputs) -> np.ndarray:
-        """The `forward` entry (decoders: logits of every position, [B, S, V])."""
-        return self.run("forward", *inputs)
-
-    __call__ = forward
-
-    # -- helpers -------------------------------------------------------------------------
-    def _inputs(self, entry: str, given: list) -> dict[str, np.ndarray]:
+    def _declared(self, entry: str) -> list:
         declared = self.signature["entries"][entry]["inputs"]
-        if len(given) > len(declared):
-            raise LinnetError(f"`{entry}` takes {len(declared)} inputs ({', '.join(declared)})")
-        given += [None] * (len(declared) - len(given))
-        feeds: dict[str, np.ndarray] = {}
-        for (name, spec), x in zip(declared.items(), given):
-            if x is None:
-                x = default_input(name, list(feeds.values()))
-            feeds[name] = self._convert(name, spec, x)
-        return feeds
+        return [(name, spec["dtype"], len(spec["shape"])) for name, spec in declared.items()]
 
-    def _convert(self, name: str, spec: dict, x) -> np.ndarray:
-        if name in TOKEN_INPUTS:
-            return check_ids(x, self.config.get("vocab")).astype(numpy_dtype(spec["dtype"]))
-        x = np.asarray(x)
-        if spec["dtype"] in ("i64", "i32") and not np.issubdtype(x.dtype, np.integer):
-            if x.dtype != np.bool_:
-                raise LinnetError(f"`{name}` must hold integers, got {x.dtype}")
-        return np.ascontiguousarray(x, dtype=numpy_dtype(spec["dtype"]))
+    def _state_types(self) -> dict:
+        states = self.signature["entries"]["decode"]["states"]
+        return {
+            name: ([Poly.from_terms(t) for t in spec["shape"]], spec["dtype"])
+            for name, spec in states.items()
+        }
 
-    def _run(self, name: str, feeds: dict, dim_values: dict) -> np.ndarray:
+    def _execute(self, name: str, inputs: list, dim_values: dict) -> np.ndarray:
         """One call through an IO binding: the cache stays in onnxruntime's buffers, and a
         part the graph writes in place (`inplace` in linnet.json) is bound as its own
         output, so a decode step copies no cache."""
         entry = self.signature["entries"][name]
+        feeds = dict(zip(entry["inputs"], inputs))
         dims = self._bind_dims(entry, feeds, dim_values)
         _check_guards(entry["guards"], dims)
         io = self.sessions[name].io_binding()
@@ -207,75 +180,19 @@ class OnnxModel:
         return dims
 
 
-def default_input(name: str, given: list) -> np.ndarray:
-    """A padding mask left out: all ones (every position valid), like the ids before it."""
-    if name in MASK_INPUTS and given:
-        return np.ones(given[0].shape[:2], dtype=np.int64)
-    raise LinnetError(f"input `{name}` is required")
-
-
-class OnnxEncoder(OnnxModel):
+class OnnxEncoder(Encoder, OnnxModel):
     """An export with an `embed` entry: one vector per sequence."""
 
-    def embed(self, ids, attention_mask=None, normalize: bool = False) -> np.ndarray:
-        """Pooled embeddings [B, H]; `normalize`: scaled to unit L2 norm."""
-        out = self.run("embed", ids, attention_mask)
-        if not normalize:
-            return out
-        return out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
 
-
-class OnnxDecoder(Generation, OnnxModel):
+class OnnxDecoder(Decoder, OnnxModel):
     """An export with a `decode` entry: the KV cache lives in onnxruntime's buffers."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.position = 0
-
-    @property
-    def max_positions(self) -> int:
-        return self.config["max_positions"]
-
-    def decode(self, ids, pos: int) -> np.ndarray:
-        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
-        return self._decode(self._ids(ids), int(pos))
-
-    def _decode(self, ids: np.ndarray, pos: int) -> np.ndarray:
-        self._ensure_state(ids.shape[0], pos)
-        out = self._run("decode", {"tokens": ids}, {"at": pos})
-        self.position = pos + ids.shape[1]
-        return out
-
     def reset(self) -> None:
-        self.state, self._buffers = {}, {}
-        self.position = 0
+        super().reset()
+        self.arrays.forget()
 
-    def _ids(self, ids) -> np.ndarray:
-        return check_ids(ids, self.config.get("vocab"))
 
-    def _sampler(self, do_sample, temperature, top_k, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        return lambda logits: _pick(logits, do_sample, temperature, top_k, rng)
-
-    @staticmethod
-    def _concat(parts) -> np.ndarray:
-        return np.concatenate(parts, axis=1)
-
-    def _state_specs(self, batch: int):
-        for name, spec in self.signature["entries"]["decode"]["states"].items():
-            shape = tuple(Poly.from_terms(terms).eval({"B": batch}) for terms in spec["shape"])
-            yield name, shape, spec["dtype"]
-
-    @staticmethod
-    def _shape_of(x):
-        return x.shape()  # an OrtValue
-
-    def _new_state(self, name: str, shape, dtype: str) -> None:
-        import onnxruntime as ort
-
-        zeros = np.zeros(shape, numpy_dtype(dtype))
-        self.state[name] = ort.OrtValue.ortvalue_from_numpy(zeros)
-        self._buffers[name] = zeros  # the OrtValue borrows this memory
+family(OnnxModel, OnnxEncoder, OnnxDecoder)
 
 
 def _check_guards(guards: list, dims: dict) -> None:
@@ -287,15 +204,3 @@ def _check_guards(guards: list, dims: dict) -> None:
             raise RuntimeGuardError(
                 f"{where}{g['message']} failed: {lhs} = {lhs.eval(dims)} > {rhs} = {rhs.eval(dims)}"
             )
-
-
-def _pick(logits: np.ndarray, do_sample: bool, temperature: float, top_k, rng) -> np.ndarray:
-    if not do_sample:
-        return logits.argmax(axis=-1)
-    scores = logits.astype(np.float64) / max(temperature, 1e-6)
-    if top_k:
-        kth = np.sort(scores, axis=-1)[:, -top_k][:, None]
-        scores = np.where(scores < kth, -np.inf, scores)
-    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    return np.array([rng.choice(len(p), p=p) for p in probs])

@@ -4,6 +4,7 @@ src = Source.load("zoo/llama.linnet")        # parse + check, or SourceError
 cfg = src.config({"dim": 64, "n_layers": 2})  # defaults, overrides, constraints
 src.params(cfg)                               # {"layers.0.wq": TensorType, ...}
 src.lower(cfg, "decode")                      # Core-IR graph of one entry
+src.program(cfg)                              # every entry lowered: what backends take
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from linnet.core.diagnostics import DiagnosticError
 from linnet.core.dims import Poly
 from linnet.errors import CheckpointError, SourceError
 from linnet.ir.graph import Graph
+from linnet.ir.program import Program
 from linnet.ir.types import TensorType
 from linnet.syntax import ast as A
 from linnet.syntax.parser import parse
@@ -134,3 +136,9 @@ class Source:
             return Elaborator(self.module, config).lower_entry(entry)
         except DiagnosticError as err:  # a mistake only this config exposes
             raise SourceError([err.diagnostic]) from None
+
+    def program(self, config: dict) -> Program:
+        """Every entry lowered for `config`, with the param layout: what a backend takes."""
+        graphs = {entry: self.lower(config, entry) for entry in self.entries}
+        layout = self.params(config)
+        return Program(self.name, config, graphs, layout.shapes, layout.tied)

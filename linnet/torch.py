@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from linnet.backends.interp import TORCH_DTYPES
+from linnet.backends.torch.interp import TORCH_DTYPES
 from linnet.runtime import TorchModel
 from linnet.source import Source
 from linnet.weights.checkpoint import open_checkpoint

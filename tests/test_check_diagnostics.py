@@ -811,7 +811,7 @@ def test_block_index_conditions_narrow_in_group_functions_per_call():
 def test_layer_norm_without_bias_is_f_layer_norm():
     import torch
 
-    from linnet.backends.interp import Interpreter
+    from linnet.backends.torch.interp import Interpreter
 
     src = Source.parse_text(edit("norm_bias and i > 0", "norm_bias", INDEXED), PATH)
     graph = src.lower(src.config(), "forward")

@@ -15,8 +15,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import linnet.torch as lt
-from linnet.backends import torch_runners
-from linnet.backends.torch_codegen import lower_entries
+from linnet.backends.torch import runners as torch_runners
+from linnet.backends.torch.codegen import lower_entries
 from linnet.ir.fusion import fuse_linears
 from linnet.ir.passes import dedupe_guards, verify
 from tests.checkpoints import build_tiny, probe_ids, reference_greedy, tiny_variants
@@ -65,7 +65,7 @@ def test_fused_logits_match_unfused(tiny, arch, variant, monkeypatch):
     path = tiny(arch, variant)
     fused = lt.load(path, dtype="f32", mode="generated")
     monkeypatch.setattr(
-        torch_runners, "lower_entries", lambda source, config, fuse: lower_entries(source, config)
+        torch_runners, "lower_entries", lambda program, fuse: lower_entries(program)
     )
     plain = lt.load(path, dtype="f32", mode="generated")
     monkeypatch.undo()

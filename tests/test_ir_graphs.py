@@ -325,7 +325,7 @@ entry step(x: f32[B, n]) updates s -> f32[B, n]
 
 def test_state_read_before_a_write_keeps_the_old_value():
     torch = pytest.importorskip("torch")
-    from linnet.backends.interp import Interpreter
+    from linnet.backends.torch.interp import Interpreter
 
     src = Source.parse_text(STATE_READ_BEFORE_WRITE, "rw.linnet")
     graph = decompose(src.lower(src.config({}), "step"))

@@ -27,8 +27,8 @@ F = torch.nn.functional
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from linnet.backends.interp import Interpreter  # noqa: E402
-from linnet.backends.torch_emit import EMITTERS  # noqa: E402
+from linnet.backends.torch.emit import EMITTERS  # noqa: E402
+from linnet.backends.torch.interp import Interpreter  # noqa: E402
 from linnet.core.dims import Poly  # noqa: E402
 from linnet.ir.graph import Graph, GraphBuilder, TypeBuilder  # noqa: E402
 from linnet.ir.library import DECOMPOSITIONS  # noqa: E402
@@ -730,7 +730,8 @@ def test_attention_key_mask_f32(mask_dtype, causal):
 def test_attention_key_mask_in_both_preludes_matches_the_decomposition():
     import jax.numpy as jnp
 
-    from linnet.backends import jax_prelude, torch_prelude
+    from linnet.backends.jax import prelude as jax_prelude
+    from linnet.backends.torch import prelude as torch_prelude
 
     q, k, v = qkv(3, 4, 2, 6, 6, 8)
     mask = padding_mask([6, 4, 2], 6)
@@ -748,7 +749,8 @@ def test_bidirectional_window_with_a_key_mask_in_both_preludes():
     """ModernBERT's local layers: keys within window // 2 either side, and no padding key."""
     import jax.numpy as jnp
 
-    from linnet.backends import jax_prelude, torch_prelude
+    from linnet.backends.jax import prelude as jax_prelude
+    from linnet.backends.torch import prelude as torch_prelude
 
     q, k, v = qkv(3, 4, 2, 9, 9, 8, seed=70)
     mask = padding_mask([9, 8, 7], 9)  # every query keeps a key (see the test below)
@@ -770,7 +772,8 @@ def test_a_query_with_every_key_masked_gets_zeros_not_nan():
     every helper (NaN there would reach real rows through the next layer: 0 * NaN)."""
     import jax.numpy as jnp
 
-    from linnet.backends import jax_prelude, torch_prelude
+    from linnet.backends.jax import prelude as jax_prelude
+    from linnet.backends.torch import prelude as torch_prelude
 
     q, k, v = qkv(2, 2, 2, 8, 8, 4, seed=80)
     mask = padding_mask([8, 1], 8)  # row 1, query 7: window ±1 holds keys 6, 7 (padding)

@@ -24,9 +24,9 @@ from linnet.zoo import source_path  # noqa: E402
 
 import linnet.jax as lj  # noqa: E402
 from linnet import stablehlo  # noqa: E402
-from linnet.backends import jax_prelude  # noqa: E402
-from linnet.backends.jax_codegen import generate  # noqa: E402
-from linnet.backends.jax_runners import ExportRunner, JitRunner  # noqa: E402
+from linnet.backends.jax import prelude as jax_prelude  # noqa: E402
+from linnet.backends.jax.codegen import generate  # noqa: E402
+from linnet.backends.jax.runners import ExportRunner, JitRunner  # noqa: E402
 from linnet.errors import LinnetError, RuntimeGuardError  # noqa: E402
 from linnet.ir.library import rope_tables  # noqa: E402
 from linnet.source import Source  # noqa: E402
@@ -160,8 +160,8 @@ def test_library_helpers_match_decompositions(case):
     name, config = LIBRARY_CASES[case]
     source, cfg, weights = random_weights(name, config)
     params = jax_prelude.nest_params({k: jax.numpy.asarray(v) for k, v in weights.items()})
-    reference = JitRunner(source, cfg, "equivalent", decomposed=True)
-    helpers = JitRunner(source, cfg, "equivalent")
+    reference = JitRunner(source.program(cfg), "equivalent", decomposed=True)
+    helpers = JitRunner(source.program(cfg), "equivalent")
     assert "linear_ref" not in reference.text.split("# -- the model")[1]  # primitives only
     ids = jax.numpy.asarray(np.random.default_rng(2).integers(0, 64, (2, 9)), dtype="int32")
     results = []
@@ -199,7 +199,7 @@ def test_stablehlo_round_trip_serves_many_shapes(tmp_path, name):
                                          "equivalent")
     text = files["decode"].read_text()
     assert "stablehlo." in text and "tf.aliasing_output" in text and "?x?xi32" in text
-    runner = ExportRunner(source, cfg, stablehlo.load_exports(tmp_path))
+    runner = ExportRunner(source.program(cfg), stablehlo.load_exports(tmp_path))
     model = lj.JaxModel(source, cfg, weights, runner)
     rng = np.random.default_rng(3)
     for batch, seq in ((1, 5), (3, 11)):
@@ -250,7 +250,7 @@ def golden_path(name: str) -> Path:
 
 def golden_text(name: str) -> str:
     source, cfg, _ = random_weights(name, TINY[name])
-    return generate(source, cfg, "equivalent").replace(str(ROOT) + "/", "")
+    return generate(source.program(cfg), "equivalent").replace(str(ROOT) + "/", "")
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -268,7 +268,7 @@ def test_generated_source_runs_with_jax_only(tmp_path, name):
     decode (cache donated) equals forward, and the host check refuses a long prompt."""
     source, cfg, weights = random_weights(name, TINY[name])
     file = tmp_path / f"{name}.py"
-    file.write_text(generate(source, cfg, "equivalent"), encoding="utf-8")
+    file.write_text(generate(source.program(cfg), "equivalent"), encoding="utf-8")
     np.savez(tmp_path / "weights.npz", **weights)
     script = (
         "import sys; sys.modules['linnet'] = None; sys.modules['torch'] = None\n"

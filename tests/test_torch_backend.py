@@ -18,10 +18,10 @@ import torch
 from linnet.zoo import source_path
 
 import linnet.torch as lt
-from linnet.backends.cudagraphs import capture_plan
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import generate, generate_graphs
-from linnet.backends.torch_runners import load_generated
+from linnet.backends.torch.codegen import generate, generate_graphs
+from linnet.backends.torch.cudagraphs import capture_plan
+from linnet.backends.torch.interp import Interpreter
+from linnet.backends.torch.runners import load_generated
 from linnet.errors import LinnetError
 from linnet.ir.passes import decompose
 from linnet.source import Source
@@ -129,7 +129,8 @@ def test_capture_plan_holds_no_host_position(name):
     assert any(node.op == "update_rows" for node in plan.nodes)
     reference = lt.load_source(source_path(name), cfg, weights)
     interp = Interpreter(decompose(plan), weights)
-    module = load_generated(generate_graphs(source, cfg, {"decode": plan}, "equivalent"), name)()
+    text = generate_graphs(source.program(cfg), {"decode": plan}, "equivalent")
+    module = load_generated(text, name)()
     module.load_state_dict({k: weights[k] for k in module.state_dict()}, assign=True)
     ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(2))
     full = reference.forward(ids)
@@ -162,7 +163,7 @@ def golden_path(name: str) -> Path:
 
 def golden_text(name: str) -> str:
     source, cfg, _ = random_weights(name, TINY[name])
-    return generate(source, cfg, "equivalent")
+    return generate(source.program(cfg), "equivalent")
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -179,7 +180,7 @@ def test_generated_source_runs_with_torch_only(tmp_path, name):
     """Import blocked for linnet: the module must load and run from its own text."""
     source, cfg, weights = random_weights(name, TINY[name])
     file = tmp_path / f"{name}.py"
-    file.write_text(generate(source, cfg, "equivalent"), encoding="utf-8")
+    file.write_text(generate(source.program(cfg), "equivalent"), encoding="utf-8")
     torch.save(weights, tmp_path / "weights.pt")
     script = (
         "import sys; sys.modules['linnet'] = None\n"

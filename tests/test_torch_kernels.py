@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from linnet.zoo import get, source_path
 
 import linnet.torch as lt
-from linnet.backends import torch_prelude
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import generate
-from linnet.backends.torch_runners import reference_graph
+from linnet.backends.torch import prelude as torch_prelude
+from linnet.backends.torch.codegen import generate
+from linnet.backends.torch.interp import Interpreter
+from linnet.backends.torch.runners import reference_graph
 from linnet.ir.passes import dying_values
 from linnet.source import Source
 from tests.checkpoints import build_tiny, probe_ids
@@ -33,6 +33,10 @@ LLAMA = dict(vocab=64, dim=32, n_heads=4, n_kv=2, ffn=48, max_positions=32, act=
 def llama(n_layers: int):
     source = Source.load(source_path("llama"))
     return source, source.config(dict(LLAMA, n_layers=n_layers))
+
+
+def program(source, config):
+    return source.program(config)
 
 
 def peak_live_temporaries(method_text: str) -> int:
@@ -58,7 +62,7 @@ def method(text: str, name: str) -> str:
 @pytest.mark.parametrize("entry", ["forward", "decode"])
 def test_generated_code_holds_a_layer_of_temporaries_not_the_model(entry):
     """Eight layers keep no more temporaries alive at once than two do."""
-    peaks = {n: peak_live_temporaries(method(generate(*llama(n), "equivalent"), entry))
+    peaks = {n: peak_live_temporaries(method(generate(program(*llama(n)), "equivalent"), entry))
              for n in (2, 8)}
     assert 0 < peaks[8] == peaks[2], peaks
 
@@ -67,7 +71,7 @@ def test_interpreter_drops_temporaries_after_their_last_use():
     peaks = {}
     for n in (2, 8):
         source, cfg = llama(n)
-        graph = reference_graph(source, cfg, "forward")
+        graph = reference_graph(source.program(cfg), "forward")
         shapes = source.params(cfg).shapes
         params = {k: torch.randn([d.value for d in t.shape]) for k, t in shapes.items()}
         interp = Interpreter(graph, params)
@@ -169,8 +173,10 @@ def test_linear_lowp_leaves_few_rows_and_native_cpus_to_the_native_kernel(monkey
 
 def test_generated_source_uses_linear_lowp_for_bf16_only():
     source = Source.load(source_path("llama"))
-    f32 = generate(source, source.config(dict(LLAMA, n_layers=1)), "equivalent")
-    bf16 = generate(source, source.config(dict(LLAMA, n_layers=1, act="bf16")), "equivalent")
+    f32 = generate(source.program(source.config(dict(LLAMA, n_layers=1))), "equivalent")
+    bf16 = generate(
+        source.program(source.config(dict(LLAMA, n_layers=1, act="bf16"))), "equivalent"
+    )
     assert "= linear_lowp(" not in f32 and "= F.linear(" in f32
     assert "= linear_lowp(" in bf16 and "= F.linear(" not in bf16
 

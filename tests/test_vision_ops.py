@@ -16,8 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from linnet.backends import jax_emit, torch_emit, torch_prelude  # noqa: E402
 from linnet.backends.emit import Lines  # noqa: E402
+from linnet.backends.jax import emit as jax_emit  # noqa: E402
+from linnet.backends.torch import emit as torch_emit  # noqa: E402
+from linnet.backends.torch import prelude as torch_prelude  # noqa: E402
 from linnet.ir.graph import Graph, GraphBuilder  # noqa: E402
 from linnet.ir.ops import OPS  # noqa: E402
 from tests.test_ir_ops import rand, run_op, tensor_type  # noqa: E402
@@ -72,7 +74,7 @@ def jax_ns() -> dict:
     jax = pytest.importorskip("jax")
     from jax import lax
 
-    from linnet.backends import jax_prelude
+    from linnet.backends.jax import prelude as jax_prelude
 
     ns = {k: getattr(jax_prelude, k) for k in dir(jax_prelude) if not k.startswith("__")}
     return dict(ns, jax=jax, jnp=jax.numpy, lax=lax, math=math, np=np)

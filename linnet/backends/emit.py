@@ -1,9 +1,19 @@
-"""What every text emitter table shares: statements as `Lines`, and the per-node facts
-an emitter needs beyond its attrs."""
+"""The emitter base every text backend overrides: how a driver spells dims, dtypes and
+rope tables (`Spell`), statements as `Lines`, and the elementwise ops from per-backend
+tables of names.
+
+    class JaxSpell(Spell):                 # a backend overrides what it writes differently
+        dtype_names = JAX_DTYPE_NAMES
+    EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
+    text = emit_node(EMITTERS, node, spell, ["x", "w"])
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from linnet.core.dims import Poly
+from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
 
 @dataclass
@@ -12,6 +22,73 @@ class Lines:
 
     lines: list[str]
     value: str | None
+
+
+class Spell:
+    """How a driver writes things: dims as names (generated source) or lookups, dtypes
+    from the backend's `dtype_names`, rope tables by spec (`tables`: spec -> name)."""
+
+    dtype_names: dict[str, str] = {}
+
+    def __init__(
+        self, dim_atom=lambda name: name, numerics: str = "equivalent", table_prefix: str = ""
+    ) -> None:
+        self.dim_atom = dim_atom
+        self.numerics = numerics
+        self.table_prefix = table_prefix  # where rope tables live ("self." in a module)
+        self.tables: dict[tuple, str] = {}  # rope spec -> table name
+
+    def dim(self, p) -> str:
+        p = Poly.lift(p)
+        if p.is_const:
+            return str(p.value)
+        parts = []
+        for mono, coef in p.terms:
+            factors = [self.dim_atom(a) for a in mono] or [str(abs(coef))]
+            if mono and abs(coef) != 1:
+                factors.insert(0, str(abs(coef)))
+            parts.append(("-" if coef < 0 else "+") + " * ".join(factors))
+        text = " ".join(f"{s[0]} {s[1:]}" for s in parts)
+        return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+    def dims(self, ps) -> str:
+        return ", ".join(self.dim(p) for p in ps)
+
+    def dtype(self, name: str) -> str:
+        return self.dtype_names[name]
+
+    def rope_table(self, attrs: dict, head_dim: int) -> str:
+        spec = (
+            head_dim,
+            attrs["positions"],
+            attrs["theta"],
+            attrs["scaling"] or "default",
+            attrs["factor"],
+            attrs["low_freq"],
+            attrs["high_freq"],
+            attrs["original_max"],
+        )
+        return self.table_prefix + self.tables.setdefault(spec, f"rope{len(self.tables)}")
+
+
+def attention_operands(a, extra) -> tuple:
+    """(key mask, query positions) from the operands after q, k, v (either may be None)."""
+    mask, rest = (extra[0], extra[1:]) if a.get("masked") else (None, extra)
+    return mask, (rest[0] if rest else None)
+
+
+def elementwise_emitters(unary: dict, infix: dict, calls: dict) -> dict:
+    """Emitters for every unary, binary, compare and logical op: `unary[op](x)`, `x op y`
+    for those in `infix`, else `calls[op](x, y)`."""
+    table = {}
+    for name in UNARY:
+        table[name] = lambda a, s, x, _f=unary[name]: f"{_f}({x})"
+    for name in BINARY + COMPARE + LOGICAL:
+        if name in infix:
+            table[name] = lambda a, s, x, y, _o=infix[name]: f"{x} {_o} {y}"
+        else:
+            table[name] = lambda a, s, x, y, _f=calls[name]: f"{_f}({x}, {y})"
+    return table
 
 
 def node_attrs(node) -> dict:

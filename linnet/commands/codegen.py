@@ -58,10 +58,10 @@ def _config_overrides(config: str) -> dict:
 @click.option("--config", "config", help="config: a JSON file of source fields or an HF folder")
 def torch_command(src: str, output: Path | None, numerics: str, config: str | None) -> None:
     """Generate readable PyTorch source (one nn.Module) for SRC."""
-    from linnet.backends.torch_codegen import generate
+    from linnet.backends.torch.codegen import generate
 
     source, cfg = resolve_source_and_config(src, config)
-    emit_source(generate(source, cfg, numerics), output)
+    emit_source(generate(source.program(cfg), numerics), output)
 
 
 def emit_source(text: str, output: Path | None) -> None:

@@ -36,10 +36,10 @@ def resolve(src: str, config: str | None):
 @_CONFIG
 def jax_command(src: str, output: Path | None, numerics: str, config: str | None) -> None:
     """Generate readable JAX source (pure forward/decode functions) for SRC."""
-    from linnet.backends.jax_codegen import generate
+    from linnet.backends.jax.codegen import generate
 
     source, cfg = resolve(src, config)
-    emit_source(generate(source, cfg, numerics), output)
+    emit_source(generate(source.program(cfg), numerics), output)
 
 
 @click.command("stablehlo")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder, Node
-from linnet.ir.passes import _copy_frame, _finish
+from linnet.ir.passes import copy_frame, finish
 
 
 def _groups(graph: Graph) -> list[list[Node]]:
@@ -46,7 +46,7 @@ def fuse_linears(graph: Graph) -> tuple[Graph, dict[str, tuple[str, ...]]]:
     names = {v: n for n, v in graph.params.items()}
     first = {id(nodes[0]): nodes for nodes in groups}
     merged = {id(n) for nodes in groups for n in nodes[1:]}
-    out, mapping = _copy_frame(graph)
+    out, mapping = copy_frame(graph)
     b = GraphBuilder(out)
     fused: dict[str, tuple[str, ...]] = {}
     for node in graph.nodes:
@@ -78,4 +78,4 @@ def fuse_linears(graph: Graph) -> tuple[Graph, dict[str, tuple[str, ...]]]:
             stops = tuple(shape[:-1]) + (Poly.const(lo + width),)
             mapping[n.output] = b.add("slice", [y], starts=starts, stops=stops)
             lo += width
-    return _finish(graph, out, mapping), fused
+    return finish(graph, out, mapping), fused

@@ -7,8 +7,9 @@ from linnet.ir.library import DECOMPOSITIONS
 from linnet.ir.ops import OPS
 
 
-def _copy_frame(graph: Graph) -> tuple[Graph, dict]:
-    """A new graph with the same inputs, params and states; and the value map."""
+def copy_frame(graph: Graph) -> tuple[Graph, dict]:
+    """A new graph with the same inputs, params and states; and the value map (old value
+    -> new). A rewrite copies the frame, adds its nodes, then calls `finish`."""
     out = Graph(graph.name, dim_inputs=dict(graph.dim_inputs))
     out._next_id = graph._next_id
     mapping = {}
@@ -21,7 +22,8 @@ def _copy_frame(graph: Graph) -> tuple[Graph, dict]:
     return out, mapping
 
 
-def _finish(graph: Graph, out: Graph, mapping: dict) -> Graph:
+def finish(graph: Graph, out: Graph, mapping: dict) -> Graph:
+    """`out` with the outputs and state outputs of `graph`, mapped."""
     out.outputs = [mapping[v] for v in graph.outputs]
     out.state_outputs = {k: mapping[v] for k, v in graph.state_outputs.items()}
     return out
@@ -30,7 +32,7 @@ def _finish(graph: Graph, out: Graph, mapping: dict) -> Graph:
 def decompose(graph: Graph, keep=frozenset()) -> Graph:
     """Replace every library op by its reference decomposition (numerics=equivalent),
     but those in `keep` (a backend's native emitters)."""
-    out, mapping = _copy_frame(graph)
+    out, mapping = copy_frame(graph)
     b = GraphBuilder(out)
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
@@ -45,7 +47,7 @@ def decompose(graph: Graph, keep=frozenset()) -> Graph:
             result = b.add(node.op, ins, where=node.where, **node.attrs)
         if node.output is not None:
             mapping[node.output] = result
-    return _finish(graph, out, mapping)
+    return finish(graph, out, mapping)
 
 
 def dedupe_guards(graph: Graph) -> Graph:

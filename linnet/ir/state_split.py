@@ -18,7 +18,7 @@ import itertools
 
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder
-from linnet.ir.passes import _copy_frame, _finish
+from linnet.ir.passes import copy_frame, finish, verify
 
 ONE = Poly.const(1)
 
@@ -80,7 +80,7 @@ def split_states(graph: Graph) -> tuple[Graph, dict[str, list[str]]]:
     axes = {name: k for name, k in axes.items() if k > 0}
     if not axes:
         return graph, {}
-    out, mapping = _copy_frame(graph)
+    out, mapping = copy_frame(graph)
     out.states = {}
     b = GraphBuilder(out)
     parts_of: dict = {}  # a version of a split state -> {coord: value}
@@ -128,7 +128,7 @@ def _rewrite_use(b: GraphBuilder, node, parts_of: dict, mapping: dict) -> None:
 
 def _finish_split(graph: Graph, out: Graph, mapping: dict, parts_of: dict, axes: dict) -> Graph:
     outputs = {k: v for k, v in graph.state_outputs.items() if k not in axes}
-    result = _finish(Graph(graph.name, outputs=graph.outputs, state_outputs=outputs), out, mapping)
+    result = finish(Graph(graph.name, outputs=graph.outputs, state_outputs=outputs), out, mapping)
     for name in axes:
         final = parts_of[graph.state_outputs.get(name, graph.states[name])]
         for coord, value in final.items():
@@ -138,7 +138,7 @@ def _finish_split(graph: Graph, out: Graph, mapping: dict, parts_of: dict, axes:
 
 def fold_reshapes(graph: Graph) -> Graph:
     """reshape(reshape(x)) -> reshape(x); a reshape to the same shape -> its input."""
-    out, mapping = _copy_frame(graph)
+    out, mapping = copy_frame(graph)
     b = GraphBuilder(out)
     origin: dict = {}  # a reshape's output -> the value it reshaped
     for node in graph.nodes:
@@ -154,7 +154,7 @@ def fold_reshapes(graph: Graph) -> Graph:
             result = b.add(node.op, ins, where=node.where, **node.attrs)
         if node.output is not None:
             mapping[node.output] = result
-    return _finish(graph, out, mapping)
+    return finish(graph, out, mapping)
 
 
 def prune(graph: Graph) -> Graph:
@@ -177,3 +177,20 @@ def prune(graph: Graph) -> Graph:
         graph._next_id,
     )
     return pruned
+
+
+def split_entry_states(graphs: dict) -> tuple[dict, dict]:
+    """Each entry with its states split; and whole state -> {part name: index tuple}. An
+    entry that cannot split a state the others split keeps them all whole."""
+    split = {e: split_states(g) for e, g in graphs.items()}
+    parts: dict = {}
+    for _, names in split.values():
+        for whole, part_names in names.items():
+            parts.setdefault(whole, {}).update({p: part_coord(whole, p) for p in part_names})
+    whole_somewhere = {s for e, (_, names) in split.items() for s in graphs[e].states
+                       if s not in names}
+    if whole_somewhere & parts.keys():
+        return graphs, {}
+    for graph, _ in split.values():
+        verify(graph)
+    return {e: g for e, (g, _) in split.items()}, parts

@@ -59,38 +59,52 @@ class Token:
 
 
 def tokenize(text: str, path: str = "<source>") -> list[Token]:
-    lines = text.replace("\r\n", "\n").split("\n")
-    tokens: list[Token] = []
-    indents = [0]
-    openers: list[Token] = []  # open brackets: newlines inside them are ignored
-
-    def fail(line: int, col: int, message: str, hint: str | None = None) -> None:
-        raise DiagnosticError(
-            Diagnostic(path, line, col, col + 1, message, source_line=lines[line - 1], hint=hint)
-        )
-
-    for ln, raw in enumerate(lines, start=1):
+    lexer = _Lexer(text.replace("\r\n", "\n").split("\n"), path)
+    for ln, raw in enumerate(lexer.lines, start=1):
         body = raw.split("#", 1)[0] if '"' not in raw else _strip_comment(raw)
         if not body.strip():
             continue
-        if not openers:
-            stripped = body.lstrip(" ")
-            if stripped.startswith("\t"):
-                fail(
-                    ln,
-                    len(body) - len(stripped) + 1,
-                    "tab in indentation",
-                    "indent with spaces only",
-                )
-            width = len(body) - len(stripped)
-            if width > indents[-1]:
-                indents.append(width)
-                tokens.append(Token("indent", "", ln, 1))
-            while width < indents[-1]:
-                indents.pop()
-                tokens.append(Token("dedent", "", ln, 1))
-            if width != indents[-1]:
-                fail(ln, width + 1, "unindent does not match any outer indentation level")
+        if not lexer.openers:
+            lexer.indentation(ln, body)
+        lexer.line(ln, body)
+        if not lexer.openers:
+            lexer.tokens.append(Token("newline", "", ln, len(body.rstrip()) + 1))
+    return lexer.finish()
+
+
+class _Lexer:
+    """The tokens so far, the indentation stack, and the open brackets (newlines inside
+    them are ignored)."""
+
+    def __init__(self, lines: list[str], path: str) -> None:
+        self.lines, self.path = lines, path
+        self.tokens: list[Token] = []
+        self.indents = [0]
+        self.openers: list[Token] = []
+
+    def fail(self, line: int, col: int, message: str, hint: str | None = None) -> None:
+        source_line = self.lines[line - 1]
+        raise DiagnosticError(
+            Diagnostic(self.path, line, col, col + 1, message, source_line=source_line, hint=hint)
+        )
+
+    def indentation(self, ln: int, body: str) -> None:
+        """Indent and dedent tokens for a line that starts a statement."""
+        stripped = body.lstrip(" ")
+        if stripped.startswith("\t"):
+            col = len(body) - len(stripped) + 1
+            self.fail(ln, col, "tab in indentation", "indent with spaces only")
+        width = len(body) - len(stripped)
+        if width > self.indents[-1]:
+            self.indents.append(width)
+            self.tokens.append(Token("indent", "", ln, 1))
+        while width < self.indents[-1]:
+            self.indents.pop()
+            self.tokens.append(Token("dedent", "", ln, 1))
+        if width != self.indents[-1]:
+            self.fail(ln, width + 1, "unindent does not match any outer indentation level")
+
+    def line(self, ln: int, body: str) -> None:
         col = len(body) - len(body.lstrip(" "))
         while col < len(body):
             if body[col] == " ":
@@ -98,28 +112,28 @@ def tokenize(text: str, path: str = "<source>") -> list[Token]:
                 continue
             m = TOKEN_RE.match(body, col)
             if not m:
-                fail(ln, col + 1, f"unexpected character {body[col]!r}")
+                self.fail(ln, col + 1, f"unexpected character {body[col]!r}")
             kind = m.lastgroup
             word = m.group()
             if kind == "name" and word in KEYWORDS:
                 kind = "keyword"
-            opener = openers[-1] if openers else None
+            opener = self.openers[-1] if self.openers else None
             tok = Token(kind, word, ln, col + 1, opener if word not in ")]}" else None)
             if kind == "op" and word in "([{":
-                openers.append(tok)
-            elif kind == "op" and word in ")]}" and openers:
-                openers.pop()
-            tokens.append(tok)
+                self.openers.append(tok)
+            elif kind == "op" and word in ")]}" and self.openers:
+                self.openers.pop()
+            self.tokens.append(tok)
             col = m.end()
-        if not openers:
-            tokens.append(Token("newline", "", ln, len(body.rstrip()) + 1))
-    last = len(lines)
-    unclosed = openers[-1] if openers else None
-    while len(indents) > 1:
-        indents.pop()
-        tokens.append(Token("dedent", "", last, 1, unclosed))
-    tokens.append(Token("eof", "", last, 1, unclosed))
-    return tokens
+
+    def finish(self) -> list[Token]:
+        last = len(self.lines)
+        unclosed = self.openers[-1] if self.openers else None
+        while len(self.indents) > 1:
+            self.indents.pop()
+            self.tokens.append(Token("dedent", "", last, 1, unclosed))
+        self.tokens.append(Token("eof", "", last, 1, unclosed))
+        return self.tokens
 
 
 def _strip_comment(raw: str) -> str:

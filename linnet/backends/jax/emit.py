@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import math
 
-from linnet.backends.emit import Lines, emit_node
-from linnet.backends.torch_emit import Spell, attention_operands
+from linnet.backends.emit import Lines, Spell, attention_operands, elementwise_emitters, emit_node
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES
-from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
 # JAX runs 32-bit integers unless x64 is switched on: token ids and positions fit.
 JAX_DTYPE_NAMES = {name: f"jnp.{d.jax}" for name, d in DTYPES.items()}
@@ -28,12 +26,11 @@ class JaxSpell(Spell):
     """How the JAX drivers write dims (names), dtypes and rope tables; `traced` names the
     runtime dims that are traced scalars rather than Python ints or shape dims."""
 
+    dtype_names = JAX_DTYPE_NAMES
+
     def __init__(self, numerics: str = "equivalent", traced=("P",), dim_atom=lambda a: a):
         super().__init__(dim_atom=dim_atom, numerics=numerics)
         self.traced = frozenset(traced)
-
-    def dtype(self, name: str) -> str:
-        return JAX_DTYPE_NAMES[name]
 
     def is_traced(self, p) -> bool:
         return bool(self.traced & Poly.lift(p).atoms())
@@ -215,13 +212,7 @@ EMITTERS = {
     "max_pool": _max_pool,
     "batch_norm": lambda a, s, *xs: f"{s.helper('batch_norm')}({', '.join(xs)}, {a['eps']!r})",
 }
-for _name in UNARY:
-    EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"
-for _name in BINARY + COMPARE + LOGICAL:
-    if _name in INFIX:
-        EMITTERS[_name] = lambda a, s, x, y, _o=INFIX[_name]: f"{x} {_o} {y}"
-    else:
-        EMITTERS[_name] = lambda a, s, x, y, _f=CALLS[_name]: f"{_f}({x}, {y})"
+EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
 
 
 def emit(node, spell: JaxSpell, inputs: list[str]):

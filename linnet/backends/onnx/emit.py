@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from linnet.backends.emit import node_attrs
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES, numpy_dtype
+from linnet.ir.pipeline import ONNX_NATIVE_OPS
 
 OPSET = 21  # Gelu (20), LayerNormalization (17), reduce axes as inputs (18)
 IR_VERSION = 10  # what opset 21 needs; onnxruntime 1.20 and newer read it
@@ -377,10 +378,8 @@ for _name, _op in UNARY.items():
 for _name, _op in BINARY.items():
     EMITTERS[_name] = lambda a, b, x, y, _op=_op: b.node(_op, [x, y])
 
-NATIVE_LIBRARY_OPS = frozenset(
-    {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
-    | {"attention"}
-)
+NATIVE_LIBRARY_OPS = ONNX_NATIVE_OPS  # the `onnx` pipeline decomposes the other library ops
+assert NATIVE_LIBRARY_OPS <= EMITTERS.keys()
 
 
 def emit(node, b: OnnxBuilder, inputs: list[str]) -> str | None:

@@ -18,29 +18,26 @@ import types
 
 import torch
 
-from linnet.backends.interp import Interpreter
-from linnet.backends.torch_codegen import (
+from linnet.backends.torch.codegen import (
     class_name,
     generate_graphs,
     lower_entries,
     state_ident,
 )
+from linnet.backends.torch.interp import Interpreter
 from linnet.errors import LinnetError
-from linnet.ir.passes import decompose, dedupe_guards, verify
-from linnet.ir.state_split import part_coord, split_states
-from linnet.source import Source
+from linnet.ir.pipeline import run_pipeline
+from linnet.ir.program import Program
+from linnet.ir.state_split import split_entry_states
 
 MODES = ("interpret", "generated", "compile", "cudagraphs")
 NUMERICS = ("equivalent", "fast")
 
 
-def reference_graph(source: Source, config: dict, entry: str):
-    """An entry lowered, verified and decomposed into primitives (numerics=equivalent)."""
-    graph = dedupe_guards(source.lower(config, entry))
-    verify(graph)
-    graph = decompose(graph)
-    verify(graph)
-    return graph
+def reference_graph(program: Program, entry: str):
+    """An entry through the `torch.interpret` pipeline: library ops decomposed into
+    primitives (numerics=equivalent)."""
+    return run_pipeline(program.graphs[entry], "torch.interpret").graph
 
 
 def entry_inputs(graphs: dict) -> dict:
@@ -53,13 +50,13 @@ def state_types(graphs: dict) -> dict:
 
 
 class InterpretedRunner:
-    def __init__(self, source, config, params, device, numerics):
+    def __init__(self, program: Program, params, device, numerics):
         if numerics != "equivalent":
             raise LinnetError(
                 "mode='interpret' runs the reference decompositions: it has only "
                 "numerics='equivalent' (use mode='generated' for 'fast')"
             )
-        graphs = {e: reference_graph(source, config, e) for e in source.entries}
+        graphs = {e: reference_graph(program, e) for e in program.entries}
         self.runners = {e: Interpreter(g, params, device) for e, g in graphs.items()}
         self.inputs = entry_inputs(graphs)
         self.state_types = state_types(graphs)
@@ -101,12 +98,12 @@ class GeneratedRunner:
     cache write is one slice of one part; under torch.compile a write into one tensor of
     the whole cache made Inductor copy all of it on every step (47 MB for SmolLM2)."""
 
-    def __init__(self, source, config, params, device, numerics, compiled=False):
-        graphs, fused = lower_entries(source, config, fuse=True)
+    def __init__(self, program: Program, params, device, numerics, compiled=False):
+        graphs, fused = lower_entries(program, fuse=True)
         self.state_types = state_types(graphs)  # what the model holds: whole states
         self.graphs, self.parts = split_entry_states(graphs)
-        self.text = generate_graphs(source, config, self.graphs, numerics, fused)
-        module = load_generated(self.text, source.name)()
+        self.text = generate_graphs(program, self.graphs, numerics, fused)
+        module = load_generated(self.text, program.name)()
         weights = {**params, **stack_params(params, fused)}
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
@@ -142,30 +139,15 @@ class GeneratedRunner:
         return self.methods[entry](*inputs, *dim_args, **self.state_args(graph, state))
 
 
-def split_entry_states(graphs: dict) -> tuple[dict, dict]:
-    """Each entry with its states split; and whole state -> {part name: index tuple}. An
-    entry that cannot split a state the others split keeps them all whole."""
-    split = {e: split_states(g) for e, g in graphs.items()}
-    parts: dict = {}
-    for _, names in split.values():
-        for whole, part_names in names.items():
-            parts.setdefault(whole, {}).update({p: part_coord(whole, p) for p in part_names})
-    whole_somewhere = {s for e, (_, names) in split.items() for s in graphs[e].states
-                       if s not in names}
-    if whole_somewhere & parts.keys():
-        return graphs, {}
-    return {e: g for e, (g, _) in split.items()}, parts
-
-
-def make_runner(mode: str, source, config, params, device, numerics):
+def make_runner(mode: str, program: Program, params, device, numerics):
     if mode not in MODES:
         raise LinnetError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
     if numerics not in NUMERICS:
         raise LinnetError(f"numerics={numerics!r}: choose one of {', '.join(NUMERICS)}")
     if mode == "cudagraphs":
-        from linnet.backends.cudagraphs import CudaGraphRunner
+        from linnet.backends.torch.cudagraphs import CudaGraphRunner
 
-        return CudaGraphRunner(source, config, params, device, numerics)
+        return CudaGraphRunner(program, params, device, numerics)
     if mode == "interpret":
-        return InterpretedRunner(source, config, params, device, numerics)
-    return GeneratedRunner(source, config, params, device, numerics, compiled=mode == "compile")
+        return InterpretedRunner(program, params, device, numerics)
+    return GeneratedRunner(program, params, device, numerics, compiled=mode == "compile")

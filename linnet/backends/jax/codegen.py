@@ -1,13 +1,13 @@
 """Straight-line JAX source from Core IR, through the JAX emitter table.
 
-    text = generate(source, config, numerics="equivalent")
+    text = generate(source.program(config), numerics="equivalent")
 
 The result is one module that imports only jax and numpy: the prelude helpers,
 rope tables, then one pure function per entry point. Params are a pytree named
 like the source (`params["layers"][3]["wq"]`); state comes in as an argument
 and goes out as a result (`decode(params, kv, tokens, at) -> (logits, kv)`),
 written with `lax.dynamic_update_slice`. The start position is a traced scalar
-(`jax_positions.runtime_position`), so `jax.jit(decode, donate_argnames="kv")`
+(`linnet/ir/runtime_position.py`), so `jax.jit(decode, donate_argnames="kv")`
 compiles once for all positions. The source's `require`s become host-side
 `check_<entry>` functions. One line per op, with the result's shape as a comment.
 """
@@ -19,13 +19,13 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from linnet.backends import jax_prelude
-from linnet.backends.jax_emit import JAX_DTYPE_NAMES, JaxSpell, Lines, emit
-from linnet.backends.jax_positions import runtime_position
+from linnet.backends.jax import prelude as jax_prelude
+from linnet.backends.jax.emit import JAX_DTYPE_NAMES, JaxSpell, Lines, emit
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
-from linnet.ir.passes import decompose, dedupe_guards, inplace_updates, verify
-from linnet.source import Source
+from linnet.ir.passes import inplace_updates
+from linnet.ir.pipeline import run_pipeline
+from linnet.ir.program import Program
 
 POSITION = "P"  # the runtime dim that is a traced scalar rather than a shape
 
@@ -55,20 +55,14 @@ class JaxEntry:
         return list(g.states) + [v.name for v in g.inputs] + list(g.dim_inputs)
 
 
-def prepare(source: Source, config: dict, entry: str, decomposed: bool = False) -> JaxEntry:
-    """Lower, verify and rewrite one entry (decomposed: library ops as primitives)."""
-    graph = dedupe_guards(source.lower(config, entry))
-    verify(graph)
-    graph, guards = runtime_position(graph, POSITION)
-    verify(graph)
-    if decomposed:
-        graph = decompose(graph)
-        verify(graph)
-    return JaxEntry(entry, graph, guards)
+def prepare(program: Program, entry: str, decomposed: bool = False) -> JaxEntry:
+    """One entry through the `jax` pipeline (`jax.decomposed`: library ops as primitives)."""
+    ready = run_pipeline(program.graphs[entry], "jax.decomposed" if decomposed else "jax")
+    return JaxEntry(entry, ready.graph, ready.notes["runtime_position"])
 
 
-def prepare_all(source: Source, config: dict, decomposed: bool = False) -> dict[str, JaxEntry]:
-    return {e: prepare(source, config, e, decomposed) for e in source.entries}
+def prepare_all(program: Program, decomposed: bool = False) -> dict[str, JaxEntry]:
+    return {e: prepare(program, e, decomposed) for e in program.entries}
 
 
 def param_text(name: str) -> str:
@@ -195,14 +189,13 @@ def emit_state(entries: dict[str, JaxEntry]) -> list[str]:
     return lines
 
 
-def generate(source: Source, config: dict, numerics: str = "equivalent") -> str:
+def generate(program: Program, numerics: str = "equivalent") -> str:
     """The whole module's text for one config."""
-    return generate_entries(source, config, prepare_all(source, config), numerics)
+    return generate_entries(program, prepare_all(program), numerics)
 
 
 def generate_entries(
-    source: Source,
-    config: dict,
+    program: Program,
     entries: dict[str, JaxEntry],
     numerics: str,
     consts: dict | None = None,
@@ -221,17 +214,17 @@ def generate_entries(
     tables = []
     for spec, table in spell.tables.items():
         tables.append(f"{table}_cos, {table}_sin = rope_tables({', '.join(map(repr, spec))})")
-    cls = class_name(source.name)
-    shown = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    cls = class_name(program.name)
+    shown = ", ".join(f"{k}={v!r}" for k, v in program.config.items())
     header = HEADER.format(
         title=f"{cls}: a Linnet model as plain JAX",
-        name=source.name,
+        name=program.name,
         numerics=numerics,
         config=shown,
         usage=_usage(entries),
     )
     prelude = inspect.getsource(jax_prelude).split('"""', 2)[2].strip()
-    body = [header, "# -- helpers (linnet/backends/jax_prelude.py) " + "-" * 42, prelude]
+    body = [header, "# -- helpers (linnet/backends/jax/prelude.py) " + "-" * 42, prelude]
     body += ["", "", "# -- the model " + "-" * 74, *tables, "", ""]
     body += emit_state(entries) + functions + jits
     return "\n".join(body) + "\n"

@@ -14,9 +14,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
-from linnet.backends.torch_emit import Spell, emit
+from linnet.backends.torch import prelude as torch_prelude
+from linnet.backends.torch.emit import Spell, emit
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES
 from linnet.errors import LinnetError, RuntimeGuardError

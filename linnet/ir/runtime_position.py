@@ -1,7 +1,7 @@
 """XLA needs static shapes: the start position becomes a runtime scalar, not a shape.
 
 `runtime_position` rewrites an entry so one jit (or one StableHLO export)
-serves every position, the idea `cudagraphs.device_positions` uses for CUDA
+serves every position, the idea `device_positions` uses for CUDA
 graphs, kept as a scalar so cache writes stay `lax.dynamic_update_slice`:
 
 - reads of the cache up to `P + S` that only feed causal attention (through
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from linnet.errors import LinnetError
 from linnet.ir.graph import Graph, GraphBuilder, Node
-from linnet.ir.passes import _copy_frame, _finish
+from linnet.ir.passes import copy_frame, finish
 from linnet.ir.positions import cache_reads_to_widen, mentions
 from linnet.ir.positions import widen as widen_read
 
 
 def runtime_position(graph: Graph, atom: str = "P") -> tuple[Graph, list[Node]]:
     """The graph with no shape depending on `atom`, and the guards to check on the host."""
-    out, mapping = _copy_frame(graph)
+    out, mapping = copy_frame(graph)
     b = GraphBuilder(out)
     widen = cache_reads_to_widen(graph, atom)
     widened: dict = {}  # value -> (old extent, new extent) along its widened axis
@@ -46,4 +46,4 @@ def runtime_position(graph: Graph, atom: str = "P") -> tuple[Graph, list[Node]]:
             )
         if node.output is not None:
             mapping[node.output] = result
-    return _finish(graph, out, mapping), guards
+    return finish(graph, out, mapping), guards

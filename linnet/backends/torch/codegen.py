@@ -1,6 +1,6 @@
 """Straight-line PyTorch source from Core IR, through the interpreter's emitters.
 
-    text = generate(source, config, numerics="equivalent")
+    text = generate(source.program(config), numerics="equivalent")
 
 The result is one module that imports only torch: the prelude helpers, then
 an `nn.Module` whose params are attributes named like the source
@@ -14,13 +14,13 @@ from __future__ import annotations
 import inspect
 import re
 
-from linnet.backends import torch_prelude
 from linnet.backends.emit import Lines
-from linnet.backends.torch_emit import TORCH_DTYPE_NAMES, Spell, emit
-from linnet.ir.fusion import fuse_linears
+from linnet.backends.torch import prelude as torch_prelude
+from linnet.backends.torch.emit import TORCH_DTYPE_NAMES, Spell, emit
 from linnet.ir.graph import Graph
-from linnet.ir.passes import dedupe_guards, dying_values, inplace_updates, verify
-from linnet.source import Source
+from linnet.ir.passes import dying_values, inplace_updates
+from linnet.ir.pipeline import run_pipelines
+from linnet.ir.program import Program
 
 HEADER = '''"""{title}
 
@@ -63,7 +63,6 @@ def _shape_comment(value) -> str:
 
 def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     """The lines of one entry point as a method."""
-    names: dict = {}
     args = [v.name for v in graph.inputs] + list(graph.dim_inputs)
     # state comes in as arguments (default: the module's own buffers), so torch.compile
     # sees it as an input rather than a fixed attribute
@@ -72,9 +71,22 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     lines = [f"    def {name}({sig}):"]
     for sname in idents:
         lines.append(f"        {sname} = self.{sname} if {sname} is None else {sname}")
-    for v in graph.inputs:
-        names[v] = v.name
-        lines.append(f"        # {v.name}: {v.type}")
+    lines += _bind_inputs(graph)
+    names: dict = {v: v.name for v in graph.inputs}
+    names.update({v: attr_path(p) for p, v in graph.params.items()})
+    names.update({v: state_ident(s) for s, v in graph.states.items()})
+    lines += _emit_body(graph, spell, names, set(idents))
+    for sname, v in graph.state_outputs.items():
+        if names[v] != state_ident(sname):
+            lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
+    lines.append(f"        return {', '.join(names[v] for v in graph.outputs)}")
+    return lines
+
+
+def _bind_inputs(graph: Graph) -> list[str]:
+    """Comments naming the inputs, then the runtime dims bound from their shapes and the
+    dim arguments, then the device."""
+    lines = [f"        # {v.name}: {v.type}" for v in graph.inputs]
     bound = set()
     for v in graph.inputs:
         for axis, d in enumerate(v.type.shape):
@@ -86,67 +98,60 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
         lines.append(f"        {atom} = {arg}")
     first = graph.inputs[0].name if graph.inputs else "self.embed"
     lines.append(f"        _dev = {first}.device")
-    for pname, v in graph.params.items():
-        names[v] = attr_path(pname)
-    for sname, v in graph.states.items():
-        names[v] = state_ident(sname)
+    return lines
+
+
+def _emit_body(graph: Graph, spell: Spell, names: dict, idents: set) -> list[str]:
+    """One line per node (`names`: value -> its Python name, filled as it goes); each
+    temporary freed after its last use (see `dying_values`)."""
     inplace = inplace_updates(graph)
     dying = dying_values(graph)
+    lines: list[str] = []
     temps = set()  # the method's own temporaries (not params, inputs or state)
     for index, node in enumerate(graph.nodes):
         if node.op == "update_slice":
-            node = type(node)(
-                node.op,
-                node.inputs,
-                dict(node.attrs, inplace=index in inplace),
-                node.output,
-                node.where,
-            )
+            attrs = dict(node.attrs, inplace=index in inplace)
+            node = type(node)(node.op, node.inputs, attrs, node.output, node.where)
         text = emit(node, spell, [names[v] for v in node.inputs])
         out = node.output
-        var = None if out is None else f"t{out.id}"
         if isinstance(text, Lines):
             lines += [f"        {line}" for line in text.lines]
             text = text.value
         if out is not None and text in idents:
             names[out] = text  # written in place: same buffer
         elif out is not None:
-            lines.append(f"        {var} = {text}{_shape_comment(out)}")
-            names[out] = var
-            temps.add(var)
+            lines.append(f"        t{out.id} = {text}{_shape_comment(out)}")
+            names[out] = f"t{out.id}"
+            temps.add(f"t{out.id}")
         dead = [names[v] for v in dying.get(index, []) if names.get(v) in temps]
-        if dead:  # free each temporary after its last use (see `dying_values`)
+        if dead:
             lines.append(f"        del {', '.join(dead)}")
-    for sname, v in graph.state_outputs.items():
-        if names[v] != state_ident(sname):
-            lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
-    lines.append(f"        return {', '.join(names[v] for v in graph.outputs)}")
     return lines
 
 
-def emit_init(source: Source, config: dict, spell: Spell, fused: dict, states) -> list[str]:
-    layout = source.params(config)
+def emit_init(program: Program, spell: Spell, fused: dict, states) -> list[str]:
+    shapes = program.params
     lines = ["    def __init__(self):", "        super().__init__()"]
     containers = set()
-    for name in layout.shapes:  # repeated blocks become ModuleLists: layers.3.wq
+    for name in shapes:  # repeated blocks become ModuleLists: layers.3.wq
         parts = name.split(".")
         for i in range(len(parts) - 1):
             prefix = ".".join(parts[: i + 1])
             if parts[i + 1].isdigit() and prefix not in containers:
                 containers.add(prefix)
                 count = 1 + max(
-                    int(n.split(".")[i + 1]) for n in layout.shapes if n.startswith(prefix + ".")
+                    int(n.split(".")[i + 1]) for n in shapes if n.startswith(prefix + ".")
                 )
                 lines.append(
                     f"        {attr_path(prefix)} = nn.ModuleList(nn.Module() for _ "
                     f"in range({count}))"
                 )
-    for name, t in layout.shapes.items():
+    for name, t in shapes.items():
         shape = _tuple(d.value for d in t.shape)
         lines.append(f"        {attr_path(name)} = _param({shape}, {TORCH_DTYPE_NAMES[t.dtype]})")
     for name, parts in fused.items():  # stacked rows of params that share an input
-        t = layout.shapes[parts[0]]
-        rows = sum(layout.shapes[p].shape[0].value for p in parts)
+        t = shapes[parts[0]]
+        rows = sum(shapes[p].shape[0].value for p in parts)
         shape = _tuple([rows] + [d.value for d in t.shape[1:]])
         lines.append(f"        {attr_path(name)} = _param({shape}, {TORCH_DTYPE_NAMES[t.dtype]})")
     for spec, table in spell.tables.items():
@@ -177,43 +182,39 @@ def emit_reset(states: dict) -> list[str]:
     return lines
 
 
-def lower_entries(source: Source, config: dict, fuse: bool = False) -> tuple[dict, dict]:
-    """Every entry lowered and verified; with `fuse`, linears that share an input made one
-    (`fuse_linears`). Returns the graphs and the stacked params ({name: parts})."""
-    graphs, fused = {}, {}
-    for entry in source.entries:
-        graph = dedupe_guards(source.lower(config, entry))
-        verify(graph)
-        if fuse:
-            graph, stacked = fuse_linears(graph)
-            verify(graph)
-            fused.update(stacked)
-        graphs[entry] = graph
-    return graphs, fused
+def lower_entries(program: Program, fuse: bool = False) -> tuple[dict, dict]:
+    """Every entry through the `torch.generated` pipeline, or with `fuse` `torch.fused`
+    (linears that share an input made one). Returns the graphs and the stacked params
+    ({name: parts})."""
+    ready = run_pipelines(program.graphs, "torch.fused" if fuse else "torch.generated")
+    fused = {}
+    for entry in ready.values():
+        fused.update(entry.notes.get("fuse_linears", {}))
+    return {e: r.graph for e, r in ready.items()}, fused
 
 
-def generate(source: Source, config: dict, numerics: str = "equivalent", fuse=False) -> str:
+def generate(program: Program, numerics: str = "equivalent", fuse=False) -> str:
     """The whole module's text for one config (`fuse`: see `lower_entries`; the module
     then has stacked params too, which `stack_params` fills)."""
-    graphs, fused = lower_entries(source, config, fuse)
-    return generate_graphs(source, config, graphs, numerics, fused)
+    graphs, fused = lower_entries(program, fuse)
+    return generate_graphs(program, graphs, numerics, fused)
 
 
 def generate_graphs(
-    source: Source, config: dict, graphs: dict, numerics: str, fused: dict | None = None
+    program: Program, graphs: dict, numerics: str, fused: dict | None = None
 ) -> str:
     """The module's text with one method per given graph (e.g. a capture-ready decode)."""
     spell = Spell(numerics=numerics, table_prefix="self.")
     methods = []
     for entry, graph in graphs.items():
         methods += [""] + emit_method(graph, spell, entry)
-    cls = class_name(source.name)
-    shown = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    cls = class_name(program.name)
+    shown = ", ".join(f"{k}={v!r}" for k, v in program.config.items())
     title = f"{cls}: a Linnet model as plain PyTorch"
     prelude = inspect.getsource(torch_prelude).split('"""', 2)[2].strip()
     body = [
-        HEADER.format(title=title, name=source.name, numerics=numerics, config=shown, cls=cls),
-        "# -- helpers (linnet/backends/torch_prelude.py) " + "-" * 40,
+        HEADER.format(title=title, name=program.name, numerics=numerics, config=shown, cls=cls),
+        "# -- helpers (linnet/backends/torch/prelude.py) " + "-" * 40,
         prelude,
         "",
         "",
@@ -225,10 +226,10 @@ def generate_graphs(
         "",
         "",
         f"class {cls}(nn.Module):",
-        f'    """The `{source.name}` source for one config; params named like the source."""',
+        f'    """The `{program.name}` source for one config; params named like the source."""',
         "",
     ]
     states = {name: v for g in graphs.values() for name, v in g.states.items()}
-    init = emit_init(source, config, spell, fused or {}, states)
+    init = emit_init(program, spell, fused or {}, states)
     body += init + [""] + emit_reset(states) + methods
     return "\n".join(body) + "\n"

@@ -13,56 +13,18 @@ from __future__ import annotations
 
 import math
 
-from linnet.backends.emit import Lines, emit_node
+from linnet.backends.emit import Lines, attention_operands, elementwise_emitters, emit_node
+from linnet.backends.emit import Spell as BaseSpell
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES
-from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
 TORCH_DTYPE_NAMES = {name: f"torch.{d.torch}" for name, d in DTYPES.items()}
 
 
-class Spell:
-    """How a driver writes things: dims as names (generated source) or lookups."""
+class Spell(BaseSpell):
+    """How the PyTorch drivers write dims, dtypes (`torch.float32`) and rope tables."""
 
-    def __init__(
-        self, dim_atom=lambda name: name, numerics: str = "equivalent", table_prefix: str = ""
-    ) -> None:
-        self.dim_atom = dim_atom
-        self.numerics = numerics
-        self.table_prefix = table_prefix  # where rope tables live ("self." in a module)
-        self.tables: dict[tuple, str] = {}  # rope spec -> table name
-
-    def dim(self, p) -> str:
-        p = Poly.lift(p)
-        if p.is_const:
-            return str(p.value)
-        parts = []
-        for mono, coef in p.terms:
-            factors = [self.dim_atom(a) for a in mono] or [str(abs(coef))]
-            if mono and abs(coef) != 1:
-                factors.insert(0, str(abs(coef)))
-            parts.append(("-" if coef < 0 else "+") + " * ".join(factors))
-        text = " ".join(f"{s[0]} {s[1:]}" for s in parts)
-        return text[2:] if text.startswith("+ ") else "-" + text[2:]
-
-    def dims(self, ps) -> str:
-        return ", ".join(self.dim(p) for p in ps)
-
-    def dtype(self, name: str) -> str:
-        return TORCH_DTYPE_NAMES[name]
-
-    def rope_table(self, attrs: dict, head_dim: int) -> str:
-        spec = (
-            head_dim,
-            attrs["positions"],
-            attrs["theta"],
-            attrs["scaling"] or "default",
-            attrs["factor"],
-            attrs["low_freq"],
-            attrs["high_freq"],
-            attrs["original_max"],
-        )
-        return self.table_prefix + self.tables.setdefault(spec, f"rope{len(self.tables)}")
+    dtype_names = TORCH_DTYPE_NAMES
 
 
 def _slices(spell: Spell, starts, stops, steps=None) -> str:
@@ -130,12 +92,6 @@ def _rope(a, s, x, at=None):
     fn = "rope_fast" if s.numerics == "fast" else "rope_ref"
     offset = at if at is not None else s.dim(a["offset"])  # a positions tensor, or an int
     return f"{fn}({x}, {table}_cos, {table}_sin, {offset})"
-
-
-def attention_operands(a, extra) -> tuple:
-    """(key mask, query positions) from the operands after q, k, v (either may be None)."""
-    mask, rest = (extra[0], extra[1:]) if a.get("masked") else (None, extra)
-    return mask, (rest[0] if rest else None)
 
 
 def _attention(a, s, q, k, v, *extra):
@@ -235,20 +191,13 @@ EMITTERS = {
     ),
     "batch_norm": _batch_norm,
 }
-for _name in UNARY:
-    EMITTERS[_name] = lambda a, s, x, _f=UNARY_TEXT[_name]: f"{_f}({x})"
+EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, BINARY_TEXT))
 # torch.maximum and torch.minimum take no Python number: a scalar side becomes a 0-d tensor
 # (which adopts the other side's dtype and device)
-SCALAR_TENSORS = ("maximum", "minimum")
-for _name in BINARY + COMPARE + LOGICAL:
-    if _name in SCALAR_TENSORS:
-        EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: (
-            f"{_f}(torch.as_tensor({x}), torch.as_tensor({y}))"
-        )
-    elif _name in INFIX:
-        EMITTERS[_name] = lambda a, s, x, y, _o=INFIX[_name]: f"{x} {_o} {y}"
-    else:
-        EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: f"{_f}({x}, {y})"
+for _name in ("maximum", "minimum"):
+    EMITTERS[_name] = lambda a, s, x, y, _f=BINARY_TEXT[_name]: (
+        f"{_f}(torch.as_tensor({x}), torch.as_tensor({y}))"
+    )
 
 
 def emit(node, spell: Spell, inputs: list[str]):

@@ -1,6 +1,6 @@
 """Core IR to an ONNX model, one entry point per model.
 
-    entry = prepare(source, config, "decode")     # lowered, states split, decomposed
+    entry = prepare(program, "decode")     # the `onnx` pipeline: states split, decomposed
     model = to_model(entry, initializers)          # onnx.ModelProto
 
 Inputs keep the source's names (`tokens`), a dim argument (`at`) is an int64
@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 from onnx import TensorProto, helper
 
-from linnet.backends.onnx_emit import (
+from linnet.backends.onnx.emit import (
     IR_VERSION,
-    NATIVE_LIBRARY_OPS,
     ONNX_DTYPES,
     OPSET,
     OnnxBuilder,
@@ -29,9 +28,8 @@ from linnet.backends.onnx_emit import (
 )
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
-from linnet.ir.passes import decompose, dedupe_guards, verify
-from linnet.ir.state_split import split_states
-from linnet.source import Source
+from linnet.ir.pipeline import run_pipeline
+from linnet.ir.program import Program
 
 OUTPUT = "output"
 NEXT = ".next"  # a state part's output is its input's name plus this
@@ -45,14 +43,11 @@ class Entry:
     state_parts: dict[str, list[str]] = field(default_factory=dict)  # state -> part inputs
 
 
-def prepare(source: Source, config: dict, entry: str) -> Entry:
-    """Lower, verify, split the state per layer, and decompose what ONNX has no op for."""
-    graph = dedupe_guards(source.lower(config, entry))
-    verify(graph)
-    graph, parts = split_states(graph)
-    verify(graph)
-    graph = decompose(graph, keep=NATIVE_LIBRARY_OPS)
-    verify(graph)
+def prepare(program: Program, entry: str) -> Entry:
+    """One entry through the `onnx` pipeline: the state split per layer, and what ONNX
+    has no op for decomposed."""
+    ready = run_pipeline(program.graphs[entry], "onnx")
+    graph, parts = ready.graph, ready.notes["split_states"]
     guards = [n for n in graph.nodes if n.op == "guard"]
     return Entry(entry, graph, guards, parts)
 

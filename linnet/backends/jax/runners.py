@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linnet.backends.jax_codegen import generate_entries, prepare_all
+from linnet.backends.jax.codegen import generate_entries, prepare_all
 from linnet.core.dtypes import numpy_dtype as core_numpy_dtype
 from linnet.errors import LinnetError
+from linnet.ir.program import Program
 
 NUMERICS = ("equivalent", "fast")
 _counter = itertools.count()
@@ -53,14 +54,14 @@ def _split(entry, result) -> tuple[list, dict]:
 class JitRunner:
     """Generated JAX under jax.jit, with the state donated."""
 
-    def __init__(self, source, config, numerics="equivalent", decomposed=False):
+    def __init__(self, program: Program, numerics="equivalent", decomposed=False):
         if numerics not in NUMERICS:
             raise LinnetError(f"numerics={numerics!r}: choose one of {', '.join(NUMERICS)}")
         self.numerics = numerics
-        self.entries = prepare_all(source, config, decomposed)
+        self.entries = prepare_all(program, decomposed)
         consts: dict = {}
-        self.text = generate_entries(source, config, self.entries, numerics, consts)
-        self.module = load_module(self.text, source.name, consts)
+        self.text = generate_entries(program, self.entries, numerics, consts)
+        self.module = load_module(self.text, program.name, consts)
         self.traces: Counter = Counter()  # entry -> times traced (compiled) so far
         self.jitted = {}
         for name, entry in self.entries.items():
@@ -86,14 +87,14 @@ class JitRunner:
 class ExportRunner:
     """Serialized `jax.export` artifacts, one per entry, run with XLA."""
 
-    def __init__(self, source, config, exports: dict):
-        self.entries = prepare_all(source, config)
+    def __init__(self, program: Program, exports: dict):
+        self.entries = prepare_all(program)
         self.exports = exports
         self.jitted = {}
         for name, exported in exports.items():
             if name not in self.entries:
                 raise LinnetError(
-                    f"the StableHLO export is of `{name}`, which the {source.name} source "
+                    f"the StableHLO export is of `{name}`, which the {program.name} source "
                     f"does not have (entries: {', '.join(self.entries)})"
                 )
             donate = tuple(range(1, 1 + len(self.entries[name].graph.states)))

@@ -1,0 +1,1 @@
+"""The jax backend: see docs/architecture.md."""

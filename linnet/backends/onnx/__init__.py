@@ -1,0 +1,1 @@
+"""The onnx backend: see docs/architecture.md."""

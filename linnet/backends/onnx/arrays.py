@@ -1,0 +1,72 @@
+"""The onnxruntime array adapter of the model contract (see `linnet/backends/arrays.py`):
+inputs are numpy arrays; states are OrtValues over numpy buffers it keeps alive."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from linnet.backends.arrays import check_ids
+from linnet.core.dtypes import numpy_dtype
+from linnet.errors import LinnetError
+
+
+class OnnxArrays:
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray] = {}  # id(OrtValue) -> the memory it borrows
+
+    @staticmethod
+    def tokens(x, dtype: str, rank: int, vocab: int | None) -> np.ndarray:
+        return check_ids(x, vocab).astype(numpy_dtype(dtype))
+
+    @staticmethod
+    def convert(name: str, dtype: str, x) -> np.ndarray:
+        x = np.asarray(x)
+        if dtype in ("i64", "i32") and not np.issubdtype(x.dtype, np.integer):
+            if x.dtype != np.bool_:
+                raise LinnetError(f"`{name}` must hold integers, got {x.dtype}")
+        return np.ascontiguousarray(x, dtype=numpy_dtype(dtype))
+
+    @staticmethod
+    def mask_like(ids) -> np.ndarray:
+        return np.ones(ids.shape[:2], dtype=np.int64)
+
+    def zeros(self, shape, dtype: str):
+        import onnxruntime as ort
+
+        zeros = np.zeros(shape, numpy_dtype(dtype))
+        value = ort.OrtValue.ortvalue_from_numpy(zeros)
+        self.buffers[id(value)] = zeros  # the OrtValue borrows this memory
+        return value
+
+    def forget(self) -> None:
+        self.buffers = {}
+
+    @staticmethod
+    def concat(parts) -> np.ndarray:
+        return np.concatenate(parts, axis=1)
+
+    @staticmethod
+    def shape(x) -> tuple:
+        return tuple(x.shape())  # an OrtValue
+
+    @staticmethod
+    def normalize(x) -> np.ndarray:
+        return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+    @staticmethod
+    def sampler(do_sample, temperature, top_k, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        return lambda logits: pick(logits, do_sample, temperature, top_k, rng)
+
+
+def pick(logits: np.ndarray, do_sample: bool, temperature: float, top_k, rng) -> np.ndarray:
+    """Token ids [B] from logits [B, V]: argmax, or drawn from the tempered top-k."""
+    if not do_sample:
+        return logits.argmax(axis=-1)
+    scores = logits.astype(np.float64) / max(temperature, 1e-6)
+    if top_k:
+        kth = np.sort(scores, axis=-1)[:, -top_k][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(len(p), p=p) for p in probs])

@@ -1,0 +1,1 @@
+"""The torch backend: see docs/architecture.md."""

@@ -1,0 +1,157 @@
+"""The model contract, written once: a program's entries as methods, on any backend.
+
+    model.run("embed", ids, mask)  # any entry: its inputs in order, runtime dims by keyword
+    model.forward(ids)             # the `forward` entry (decoders: f32 logits [B, S, V])
+    model.embed(ids, normalize=True)   # `Encoder`: pooled [B, H]
+    model.decode(ids, pos)         # `Decoder`: appends to the cache; last-position logits
+    model.reset()                  # forget the cache
+    model.generate(ids, 20)        # greedy unless do_sample=True
+
+A backend's model class (`TorchModel`, `JaxModel`, `OnnxModel`) subclasses `Model`
+and gives it an array adapter (`arrays`: zeros, inputs, concat, sampling; see
+`linnet/backends/arrays.py`) and three methods: `_declared(entry)` (its inputs as
+(name, dtype, rank)), `_state_types()` (state name -> (shape, dtype)) and
+`_execute(entry, inputs, dims)` (run it, keep the new state). `family(...)` wires its
+`Encoder`/`Decoder` subclasses, so `TorchModel(...)` returns the class the entries call
+for: a decoder when they include `decode`, an encoder when they include `embed`.
+"""
+
+from __future__ import annotations
+
+from linnet.core.dims import Poly
+from linnet.errors import LinnetError
+from linnet.generation import Generation
+from linnet.inputs import MASK_INPUTS, TOKEN_INPUTS
+
+
+class Model:
+    arrays = None  # the backend's array adapter (set by the backend class)
+
+    def __new__(cls, *args, **kwargs):
+        if "_kinds" in cls.__dict__:  # a backend's base class: pick by the entries
+            entries = cls._entries_of(*args, **kwargs)
+            for entry, kind in cls._kinds.items():
+                if entry in entries:
+                    cls = kind
+                    break
+        return super().__new__(cls)
+
+    @staticmethod
+    def _entries_of(*args, **kwargs) -> list[str]:
+        """The entries a constructor call will have (before the object exists)."""
+        return args[0].entries  # a source
+
+    # -- what a backend class provides --------------------------------------------------
+    def _declared(self, entry: str) -> list[tuple[str, str, int]]:
+        raise NotImplementedError
+
+    def _state_types(self) -> dict:
+        raise NotImplementedError
+
+    def _execute(self, entry: str, inputs: list, dims: dict):
+        raise NotImplementedError
+
+    def _missing_entry(self, entry: str) -> str:
+        return f"has no entry `{entry}` (entries: {', '.join(self.entries)})"
+
+    # -- entries -----------------------------------------------------------------------
+    def run(self, entry: str, *inputs, **dims):
+        """Run one entry: its tensor inputs in the source's order (None where a default
+        exists), its runtime dims (`at=...`) by keyword. State is the model's own."""
+        if entry not in self.entries:
+            raise LinnetError(self._missing_entry(entry))
+        return self._execute(entry, self._inputs(entry, list(inputs)), dims)
+
+    def forward(self, *inputs):
+        """The `forward` entry (decoders: logits of every position, [B, S, V])."""
+        return self.run("forward", *inputs)
+
+    __call__ = forward
+
+    # -- inputs --------------------------------------------------------------------------
+    def _inputs(self, entry: str, given: list) -> list:
+        declared = self._declared(entry)
+        if len(given) > len(declared):
+            names = ", ".join(name for name, _, _ in declared)
+            raise LinnetError(f"`{entry}` takes {len(declared)} inputs ({names})")
+        given += [None] * (len(declared) - len(given))
+        out = []
+        for (name, dtype, rank), x in zip(declared, given):
+            x = self.default_input(name, out) if x is None else x
+            out.append(self._convert(name, dtype, rank, x))
+        return out
+
+    def _convert(self, name: str, dtype: str, rank: int, x):
+        if name in TOKEN_INPUTS:
+            return self.arrays.tokens(x, dtype, rank, self.config.get("vocab"))
+        return self.arrays.convert(name, dtype, x)
+
+    def default_input(self, name: str, given: list):
+        """An input the caller may leave out (None): a padding mask of all ones (every
+        position valid), shaped like the token ids before it."""
+        if name in MASK_INPUTS and given:
+            return self.arrays.mask_like(given[0])
+        raise LinnetError(f"input `{name}` is required")
+
+
+class Encoder(Model):
+    """Entries with `embed`: one vector per sequence."""
+
+    def embed(self, ids, attention_mask=None, normalize: bool = False):
+        """Pooled embeddings [B, H] (the source's pooling over the mask's valid positions);
+        `normalize`: scaled to unit L2 norm, for cosine similarity."""
+        out = self.run("embed", ids, attention_mask)
+        return self.arrays.normalize(out) if normalize else out
+
+
+class Decoder(Generation, Model):
+    """Entries with `decode`: a static cache, decode steps and generation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.position = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.config["max_positions"]
+
+    def decode(self, ids, pos: int):
+        """Run `ids` at positions pos.., appending to the cache; last-position logits [B, V]."""
+        return self._decode(self._ids(ids), int(pos))
+
+    def _decode(self, ids, pos: int):
+        self._ensure_state(ids.shape[0], pos)
+        out = self._execute("decode", [ids], {"at": pos})
+        self.position = pos + ids.shape[1]
+        return out
+
+    def reset(self) -> None:
+        self.state = {}
+        self.position = 0
+
+    def _ids(self, ids):
+        """Token ids as the `decode` entry's first input takes them."""
+        name, dtype, rank = self._declared("decode")[0]
+        return self._convert(name, dtype, rank, ids)
+
+    # -- what `Generation` asks of a model -----------------------------------------------
+    def _sampler(self, do_sample, temperature, top_k, **rng):
+        return self.arrays.sampler(do_sample, temperature, top_k, **rng)
+
+    def _concat(self, parts):
+        return self.arrays.concat(parts)
+
+    def _state_specs(self, batch: int):
+        for name, (shape, dtype) in self._state_types().items():
+            yield name, tuple(Poly.lift(d).eval({"B": batch}) for d in shape), dtype
+
+    def _shape_of(self, x):
+        return self.arrays.shape(x)
+
+    def _new_state(self, name: str, shape, dtype: str) -> None:
+        self.state[name] = self.arrays.zeros(shape, dtype)
+
+
+def family(base: type, encoder: type, decoder: type) -> None:
+    """Make `base(...)` return `decoder` for entries with `decode`, `encoder` for `embed`."""
+    base._kinds = {"decode": decoder, "embed": encoder}
