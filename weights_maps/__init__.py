@@ -1,4 +1,4 @@
-"""Weights maps: one declarative manifest (TOML) per Hugging Face architecture."""
+"""Weights maps: one declarative weights map (TOML) per Hugging Face architecture."""
 
 from pathlib import Path
 

@@ -60,16 +60,16 @@ def scaled_config(entry) -> dict:
 
 def weights_map_for(architecture: str):
     """The weights map of an HF architecture (weights_maps/*.toml)."""
-    from linnet.weights.manifest import find_manifest
+    from linnet.weights.maps import find_weights_map
 
-    return find_manifest(architecture)
+    return find_weights_map(architecture)
 
 
 def tiny_hf_config(weights_map, fields: dict, kind: str, keep: dict | None = None) -> dict:
     """config.json fields for source `fields` through `weights_map`, over the config.json
     fields of `keep` the map does not write, with token ids inside the vocab. Checked: the
     map reads the result back to `fields`."""
-    hf = {**(keep or {}), **config_to_hf(weights_map, fields)}
+    hf = {**(keep or {}), **weights_map.config_to_hf(fields)}
     if "vocab" in fields:
         hf.update(SPECIAL_IDS.get(kind, {}))
         if "pad_id" in fields:
@@ -148,22 +148,3 @@ def _image(real: dict, small: dict) -> None:
         small["depths"] = [min(d, STAGE_DEPTH) for d in real["depths"]]
 
 
-def config_to_hf(weights_map, fields: dict) -> dict:
-    """The map's config.json for `fields` (`config_to_hf`).
-
-    Until the weights maps declare every computed field's inverse (issue 12, the weights-map
-    package), the two this branch lacks are written here: remove at that merge."""
-    missing = {"n_labels": ("num_labels",), "ffn": ("mlp_ratio_ffn",)}
-    try:
-        return weights_map.config_to_hf(fields)
-    except KeyError as e:
-        name = next((f for f, computes in missing.items() if e.args[0] in computes), None)
-        if name is None:
-            raise
-    rest = {k: v for k, v in fields.items() if k != name}
-    hf = config_to_hf(weights_map, rest)
-    if name == "n_labels":
-        hf["num_labels"] = fields[name]
-    else:
-        hf["mlp_ratio"] = fields["ffn"] // fields["dim"]
-    return hf
