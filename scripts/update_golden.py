@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 def snapshots():
     """(path, text) of every snapshot."""
     from tests import test_torch_backend as generated
-    from tests.test_ir_graphs import GOLDEN, golden_path, golden_text
+    from tests.ir.test_ir_graphs import GOLDEN, golden_path, golden_text
 
     for variant, entry in GOLDEN:
         yield golden_path(variant, entry), golden_text(variant, entry)

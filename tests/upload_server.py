@@ -43,125 +43,132 @@ class Hub:
         self.lock = threading.Lock()
 
 
-def _handler(hub: Hub):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+def _upload_mode(f: dict) -> str:
+    return "lfs" if f["path"].endswith(LFS_SUFFIXES) or f["size"] >= LFS_MIN_BYTES else "regular"
 
-        def log_message(self, *args) -> None:  # quiet
-            pass
 
-        def _body(self) -> bytes:
-            n = int(self.headers.get("Content-Length") or 0)
-            return self.rfile.read(n) if n else b""
+class Handler(BaseHTTPRequestHandler):
+    """One request; `hub` is set on a subclass per server (see `_handler`)."""
 
-        def _reply(self, status: int, payload=None, ctype="application/json") -> None:
-            raw = b"" if payload is None else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+    protocol_version = "HTTP/1.1"
+    hub: Hub
 
-        def _unknown(self) -> None:
-            hub.unknown.append((self.command, self.path))
-            self._reply(404, {"error": f"not implemented: {self.command} {self.path}"})
+    def log_message(self, *args) -> None:  # quiet
+        pass
 
-        def do_GET(self) -> None:
-            hub.calls.append(("GET", self.path))
-            self._body()
-            self._unknown()
+    def _body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
 
-        def do_PUT(self) -> None:
-            hub.calls.append(("PUT", self.path))
-            body = self._body()
-            m = re.fullmatch(r"/lfs/([0-9a-f]{64})", self.path)
-            if not m:
-                return self._unknown()
-            if hashlib.sha256(body).hexdigest() != m.group(1):
-                return self._reply(400, {"error": "sha256 mismatch"})
-            with hub.lock:
-                hub.lfs[m.group(1)] = body
-            self._reply(200, {})
+    def _reply(self, status: int, payload=None, ctype="application/json") -> None:
+        raw = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
 
-        def do_POST(self) -> None:
-            hub.calls.append(("POST", self.path))
-            body = self._body()
-            path = self.path.split("?")[0]
-            if path == "/api/repos/create":
-                req = json.loads(body)
-                org = req.get("organization") or "user"
-                repo = f"{org}/{req['name']}"
-                with hub.lock:
-                    hub.repos.setdefault(repo, req)
-                    hub.files.setdefault(repo, {})
-                return self._reply(200, {"url": f"{hub.url}/{repo}"})
-            if path == "/api/validate-yaml":
-                return self._reply(200, {"errors": [], "warnings": []})
-            m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/preupload/([^/]+)", path)
+    def _unknown(self) -> None:
+        self.hub.unknown.append((self.command, self.path))
+        self._reply(404, {"error": f"not implemented: {self.command} {self.path}"})
+
+    def do_GET(self) -> None:
+        self.hub.calls.append(("GET", self.path))
+        self._body()
+        self._unknown()
+
+    def do_PUT(self) -> None:
+        self.hub.calls.append(("PUT", self.path))
+        body = self._body()
+        m = re.fullmatch(r"/lfs/([0-9a-f]{64})", self.path)
+        if not m:
+            return self._unknown()
+        if hashlib.sha256(body).hexdigest() != m.group(1):
+            return self._reply(400, {"error": "sha256 mismatch"})
+        with self.hub.lock:
+            self.hub.lfs[m.group(1)] = body
+        self._reply(200, {})
+
+    def do_POST(self) -> None:
+        self.hub.calls.append(("POST", self.path))
+        body = self._body()
+        path = self.path.split("?")[0]
+        for pattern, name in POST_ROUTES:
+            m = re.fullmatch(pattern, path)
             if m:
-                files = json.loads(body)["files"]
-                out = [
-                    {
-                        "path": f["path"],
-                        "uploadMode": "lfs"
-                        if f["path"].endswith(LFS_SUFFIXES) or f["size"] >= LFS_MIN_BYTES
-                        else "regular",
-                        "shouldIgnore": False,
-                        "oid": None,
-                    }
-                    for f in files
-                ]
-                return self._reply(200, {"files": out})
-            m = re.fullmatch(r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", path)
-            if m:
-                req = json.loads(body)
-                objects = []
-                for o in req["objects"]:
-                    entry = {"oid": o["oid"], "size": o["size"]}
-                    if o["oid"] not in hub.lfs:
-                        entry["actions"] = {"upload": {"href": f"{hub.url}/lfs/{o['oid']}"}}
-                    objects.append(entry)
-                return self._reply(
-                    200, {"transfer": "basic", "objects": objects}, "application/vnd.git-lfs+json"
-                )
-            m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", path)
-            if m:
-                return self._commit(m.group(1), body)
-            self._unknown()
+                return getattr(self, name)(body, *m.groups())
+        self._unknown()
 
-        def _commit(self, repo: str, body: bytes) -> None:
-            header, paths = {}, []
-            with hub.lock:
-                files = hub.files.setdefault(repo, {})
-                for line in body.decode().splitlines():
-                    if not line.strip():
-                        continue
-                    item = json.loads(line)
-                    key, value = item["key"], item["value"]
-                    if key == "header":
-                        header = value
-                    elif key == "file":
-                        files[value["path"]] = base64.b64decode(value["content"])
-                        paths.append(value["path"])
-                    elif key == "lfsFile":
-                        if value["oid"] not in hub.lfs:
-                            return self._reply(422, {"error": f"unknown LFS object {value}"})
-                        files[value["path"]] = hub.lfs[value["oid"]]
-                        paths.append(value["path"])
-                    elif key in ("deletedFile", "deletedFolder"):
-                        files.pop(value["path"], None)
-                oid = hashlib.sha1(body).hexdigest()
-                hub.commits.append({"repo": repo, "header": header, "paths": paths})
-            self._reply(
-                200,
-                {
-                    "commitUrl": f"{hub.url}/{repo}/commit/{oid}",
-                    "commitOid": oid,
-                    "pullRequestUrl": None,
-                },
-            )
+    def _create(self, body: bytes) -> None:
+        req = json.loads(body)
+        repo = f"{req.get('organization') or 'user'}/{req['name']}"
+        with self.hub.lock:
+            self.hub.repos.setdefault(repo, req)
+            self.hub.files.setdefault(repo, {})
+        self._reply(200, {"url": f"{self.hub.url}/{repo}"})
 
-    return Handler
+    def _validate_yaml(self, body: bytes) -> None:
+        self._reply(200, {"errors": [], "warnings": []})
+
+    def _preupload(self, body: bytes, repo: str, revision: str) -> None:
+        files = json.loads(body)["files"]
+        out = [
+            {"path": f["path"], "uploadMode": _upload_mode(f), "shouldIgnore": False, "oid": None}
+            for f in files
+        ]
+        self._reply(200, {"files": out})
+
+    def _lfs_batch(self, body: bytes, repo: str) -> None:
+        objects = []
+        for o in json.loads(body)["objects"]:
+            entry = {"oid": o["oid"], "size": o["size"]}
+            if o["oid"] not in self.hub.lfs:
+                entry["actions"] = {"upload": {"href": f"{self.hub.url}/lfs/{o['oid']}"}}
+            objects.append(entry)
+        payload = {"transfer": "basic", "objects": objects}
+        self._reply(200, payload, "application/vnd.git-lfs+json")
+
+    def _commit(self, body: bytes, repo: str, revision: str) -> None:
+        header, paths = {}, []
+        with self.hub.lock:
+            files = self.hub.files.setdefault(repo, {})
+            for line in body.decode().splitlines():
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                key, value = item["key"], item["value"]
+                if key == "header":
+                    header = value
+                elif key == "lfsFile" and value["oid"] not in self.hub.lfs:
+                    return self._reply(422, {"error": f"unknown LFS object {value}"})
+                elif key in ("file", "lfsFile"):
+                    files[value["path"]] = self._content(key, value)
+                    paths.append(value["path"])
+                elif key in ("deletedFile", "deletedFolder"):
+                    files.pop(value["path"], None)
+            oid = hashlib.sha1(body).hexdigest()
+            self.hub.commits.append({"repo": repo, "header": header, "paths": paths})
+        url = f"{self.hub.url}/{repo}/commit/{oid}"
+        self._reply(200, {"commitUrl": url, "commitOid": oid, "pullRequestUrl": None})
+
+    def _content(self, key: str, value: dict) -> bytes:
+        if key == "file":
+            return base64.b64decode(value["content"])
+        return self.hub.lfs[value["oid"]]
+
+
+# POST paths and the Handler method that answers each (the path's groups are its arguments).
+POST_ROUTES = (
+    (r"/api/repos/create", "_create"),
+    (r"/api/validate-yaml", "_validate_yaml"),
+    (r"/api/models/([^/]+/[^/]+)/preupload/([^/]+)", "_preupload"),
+    (r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", "_lfs_batch"),
+    (r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", "_commit"),
+)
+
+
+def _handler(hub: Hub) -> type[Handler]:
+    return type("BoundHandler", (Handler,), {"hub": hub})
 
 
 @contextmanager

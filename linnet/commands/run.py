@@ -33,11 +33,6 @@ def _locate(target: str, checkpoint, revision):
             return locate(target, checkpoint=checkpoint, revision=revision)
         except HubError as err:
             fail_hub(err)
-        except ValueError as err:  # huggingface_hub refused it as a repo id: a mistyped path
-            if type(err).__name__ != "HFValidationError":
-                raise
-            click.echo(f"error: {target}: no such folder, file, zoo entry or HF repo id", err=True)
-            sys.exit(1)
 
 
 class TextStream:

@@ -187,8 +187,9 @@ def split_entry_states(graphs: dict) -> tuple[dict, dict]:
     for _, names in split.values():
         for whole, part_names in names.items():
             parts.setdefault(whole, {}).update({p: part_coord(whole, p) for p in part_names})
-    whole_somewhere = {s for e, (_, names) in split.items() for s in graphs[e].states
-                       if s not in names}
+    whole_somewhere = {
+        s for e, (_, names) in split.items() for s in graphs[e].states if s not in names
+    }
     if whole_somewhere & parts.keys():
         return graphs, {}
     for graph, _ in split.values():

@@ -5,7 +5,7 @@ generated code runs with jax and numpy alone; the runners import it. The `ref`
 helpers keep the reference numerics of `linnet/ir/library.py` op for op (f32
 norms and softmax, rope tables built in f32, matmuls at full f32 precision);
 the `fast` ones let XLA pick (default matmul precision, `jax.nn` kernels).
-Both are tested against the decompositions (tests/test_jax_backend.py).
+Both are tested against the decompositions (tests/backends/test_jax_backend.py).
 
 A start position may be a Python int or a traced int32 scalar: one jit (or one
 StableHLO export) serves every position. `i64` tensors of the IR are int32 here.

@@ -4,7 +4,7 @@ This module is copied verbatim into every generated source (`linnet torch`), so
 generated code runs with torch alone; the interpreter imports it. The
 `equivalent` helpers keep the reference numerics of `linnet/ir/library.py`
 (f32 norms and softmax, rope tables in f32); `fast` ones use fused kernels.
-Both are tested against the decompositions (tests/test_torch_backend.py).
+Both are tested against the decompositions (tests/backends/test_torch_backend.py).
 """
 
 import math
@@ -209,8 +209,9 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     s, t = q.shape[2], k.shape[2]
     if s == 1 and q.device.type == "cpu" and q.dtype in _LOWP_NATIVE and not _LOWP_NATIVE[q.dtype]:
         # one query over a bf16/f16 cache: the f32 kernel is 2-4x faster on such CPUs
-        out = attention_fast(q.float(), k.float(), v.float(), causal, q_offset, window, scale,
-                             key_mask)
+        out = attention_fast(
+            q.float(), k.float(), v.float(), causal, q_offset, window, scale, key_mask
+        )
         return out.to(q.dtype)
     static = isinstance(q_offset, torch.Tensor)  # keys cover the whole cache: mask them
     if window or static or (causal and s > 1 and t != s) or key_mask is not None:

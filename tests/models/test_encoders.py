@@ -31,7 +31,7 @@ from tests.checkpoints import (
     tiny_config,
     valid_delta,
 )
-from tests.test_export_hf import assert_bit_exact
+from tests.converters.test_export_hf import assert_bit_exact
 
 VARIANTS = encoder_variants()
 IDS = [f"{a}-{v}" for a, v in VARIANTS]

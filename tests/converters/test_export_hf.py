@@ -32,7 +32,7 @@ from linnet.weights.safetensors_io import Checkpoint
 from tests.checkpoints import load_reference, probe_ids, tiny_variants
 
 VARIANTS = tiny_variants()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:

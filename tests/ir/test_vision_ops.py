@@ -1,6 +1,6 @@
 """The vision ops' native emitters against their reference decompositions.
 
-tests/test_ir_ops.py checks each decomposition (conv, max_pool, batch_norm; pad, strided
+tests/ir/test_ir_ops.py checks each decomposition (conv, max_pool, batch_norm; pad, strided
 slice, broadcast) against PyTorch. Here each backend's own emitter for the op (PyTorch
 `ref` and `fast`, JAX `ref` and `fast`) runs the same one-op graph and must agree with
 the decomposition: f32 within 1e-5 * max(1, |ref|) (`fast` 1e-4), bf16 within 2e-2.
@@ -22,7 +22,7 @@ from linnet.backends.torch import emit as torch_emit  # noqa: E402
 from linnet.backends.torch import prelude as torch_prelude  # noqa: E402
 from linnet.ir.graph import Graph, GraphBuilder  # noqa: E402
 from linnet.ir.ops import OPS  # noqa: E402
-from tests.test_ir_ops import rand, run_op, tensor_type  # noqa: E402
+from tests.ir.test_ir_ops import rand, run_op, tensor_type  # noqa: E402
 
 CASES = {
     # name: (op, input shapes, attrs)

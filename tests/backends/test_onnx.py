@@ -92,7 +92,7 @@ def test_smollm2_matches_pytorch(smollm2_checkpoint, chat_prompts, tmp_path):
     for ids in chat_prompts:
         assert_matches_torch(model, reference, ids.numpy())
         first.append(int(model.decode(ids.numpy(), 0).argmax()))
-    assert first == [504, 19556, 1780]  # transformers' first tokens (tests/test_smollm2.py)
+    assert first == [504, 19556, 1780]  # transformers' first tokens (tests/models/test_smollm2.py)
 
 
 def test_layout_of_the_export(onnx_export):
@@ -124,7 +124,7 @@ def test_layout_of_the_export(onnx_export):
 
 
 def test_state_split_keeps_semantics():
-    src = Source.load(Path(__file__).resolve().parents[1] / "zoo" / "llama.linnet")
+    src = Source.load(Path(__file__).resolve().parents[2] / "zoo" / "llama.linnet")
     cfg = src.config(
         dict(vocab=64, dim=32, n_layers=3, n_heads=4, n_kv=2, ffn=48, max_positions=16, act="f32")
     )

@@ -35,8 +35,10 @@ def test_chat_prompts_match_transformers(smollm2, smollm2_checkpoint, chat_promp
         got = smollm2.decode(ids, 0)
         assert got.shape == want.shape and got.dtype == want.dtype
         delta = (got - want).abs().max().item()
-        print(f"prompt of {ids.shape[1]} tokens: first token {int(got.argmax())} "
-              f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")
+        print(
+            f"prompt of {ids.shape[1]} tokens: first token {int(got.argmax())} "
+            f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}"
+        )
         assert int(got.argmax()) == int(want.argmax())
         assert delta <= LOGIT_TOL, f"max |Δ| {delta:.3g} > {LOGIT_TOL}"
 
@@ -55,8 +57,12 @@ def test_greedy_continuation_matches_transformers(smollm2, smollm2_checkpoint, c
     ids = chat_prompts[0].reshape(1, -1)
     with torch.no_grad():
         want = reference.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-            max_new_tokens=8, eos_token_id=None, pad_token_id=0,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=None,
+            pad_token_id=0,
         )
     got = smollm2.generate(ids, want.shape[1] - ids.shape[1])
     assert got.tolist() == want.tolist()
@@ -71,7 +77,11 @@ def test_generated_mode_greedy_matches_transformers(smollm2_checkpoint, chat_pro
         ids = ids.reshape(1, -1)
         with torch.no_grad():
             want = reference.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                max_new_tokens=8, eos_token_id=None, pad_token_id=0,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=8,
+                eos_token_id=None,
+                pad_token_id=0,
             )
         assert model.generate(ids, 8).tolist() == want.tolist()

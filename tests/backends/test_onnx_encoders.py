@@ -33,8 +33,8 @@ from tests.checkpoints import (
     reference_vision,
     vision_pixels,
 )
-from tests.test_resnet import ENTRIES as RESNET_ENTRIES
-from tests.test_resnet import reference as reference_resnet
+from tests.models.test_resnet import ENTRIES as RESNET_ENTRIES
+from tests.models.test_resnet import reference as reference_resnet
 
 TOL = 1e-4
 VISION = [a for a in VISION_CONFIGS if not a.startswith("ResNet")]

@@ -43,7 +43,7 @@ from tests.checkpoints import (
     smollm2_gguf_path,
     tiny_variants,
 )
-from tests.test_export_hf import assert_bit_exact
+from tests.converters.test_export_hf import assert_bit_exact
 
 VARIANTS = tiny_variants()
 LLAMA_CPP_TOL = 5e-4  # f32 weights and KV cache; tiny logits reach |60|

@@ -85,3 +85,22 @@ def test_run_a_gguf_file(smollm2_checkpoint, tokenizer):
     out = reference_greedy(smollm2_checkpoint, ids, 12, stop_at_eos=True)
     want = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert done.stdout.strip() == want.strip()
+
+
+@pytest.mark.parametrize("target", ["no/such/folder", "./no-such-folder", "not a repo/x y"])
+def test_run_a_mistyped_path_is_one_error_line(target):
+    """Neither a folder, a file, a zoo entry nor an HF repo id: exit 1, one line, no traceback
+    (huggingface_hub would refuse it as a repo id with an exception of its own)."""
+    done = CliRunner().invoke(main, ["run", target, "--prompt", "hi"])
+    assert done.exit_code == 1, done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
+    assert "Traceback" not in done.output and target in done.output
+
+
+@pytest.mark.parametrize("command", ["run", "parity"])
+def test_a_folder_without_a_tokenizer_is_one_error_line(tiny_checkpoint, command):
+    """A checkpoint folder with weights and config but no tokenizer: a clear error, exit 1."""
+    folder = tiny_checkpoint("LlamaForCausalLM")
+    done = CliRunner().invoke(main, [command, str(folder), "--prompt", "hi"])
+    assert done.exit_code == 1, done.output
+    assert "tokenizer" in done.output and "Traceback" not in done.output

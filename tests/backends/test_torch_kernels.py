@@ -26,8 +26,17 @@ from linnet.ir.passes import dying_values
 from linnet.source import Source
 from tests.checkpoints import build_tiny, probe_ids
 
-LLAMA = dict(vocab=64, dim=32, n_heads=4, n_kv=2, ffn=48, max_positions=32, act="f32",
-             rope_scaling="default", window=0)
+LLAMA = dict(
+    vocab=64,
+    dim=32,
+    n_heads=4,
+    n_kv=2,
+    ffn=48,
+    max_positions=32,
+    act="f32",
+    rope_scaling="default",
+    window=0,
+)
 
 
 def llama(n_layers: int):
@@ -62,8 +71,10 @@ def method(text: str, name: str) -> str:
 @pytest.mark.parametrize("entry", ["forward", "decode"])
 def test_generated_code_holds_a_layer_of_temporaries_not_the_model(entry):
     """Eight layers keep no more temporaries alive at once than two do."""
-    peaks = {n: peak_live_temporaries(method(generate(program(*llama(n)), "equivalent"), entry))
-             for n in (2, 8)}
+    peaks = {
+        n: peak_live_temporaries(method(generate(program(*llama(n)), "equivalent"), entry))
+        for n in (2, 8)
+    }
     assert 0 < peaks[8] == peaks[2], peaks
 
 

@@ -43,13 +43,27 @@ NEW_TOKENS = 8
 PREFILL = 12  # of the probe's 24 tokens; the rest are decoded one at a time
 VARIANTS = tiny_variants()
 # numerics="fast" on the variants whose numerics differ (GQA, window, q/k norm, gelu+layer norm)
-FAST_VARIANTS = [("LlamaForCausalLM", "base"), ("MistralForCausalLM", "base"),
-                 ("Qwen3ForCausalLM", "base"), ("GPT2LMHeadModel", "base")]
-ROOT = Path(__file__).resolve().parent.parent
+FAST_VARIANTS = [
+    ("LlamaForCausalLM", "base"),
+    ("MistralForCausalLM", "base"),
+    ("Qwen3ForCausalLM", "base"),
+    ("GPT2LMHeadModel", "base"),
+]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = ROOT / "tests" / "golden"
 TINY = {
-    "llama": dict(vocab=64, dim=32, n_layers=2, n_heads=4, n_kv=2, ffn=48, max_positions=32,
-                  act="f32", rope_scaling="default", window=6),
+    "llama": dict(
+        vocab=64,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv=2,
+        ffn=48,
+        max_positions=32,
+        act="f32",
+        rope_scaling="default",
+        window=6,
+    ),
     "gpt2": dict(vocab=64, dim=32, n_layers=2, n_heads=4, n_positions=32, act="f32"),
 }
 
@@ -69,8 +83,10 @@ def random_weights(name: str, config: dict, seed: int = 0):
     cfg = source.config(config)
     rng = np.random.default_rng(seed)
     shapes = source.params(cfg).shapes
-    weights = {k: (rng.standard_normal([d.value for d in t.shape]) * 0.5).astype(np.float32)
-               for k, t in shapes.items()}
+    weights = {
+        k: (rng.standard_normal([d.value for d in t.shape]) * 0.5).astype(np.float32)
+        for k, t in shapes.items()
+    }
     return source, cfg, weights
 
 
@@ -146,8 +162,17 @@ def test_guards_are_checked_on_the_host():
 
 # -- the library helpers against the reference decompositions -----------------------------
 LIBRARY_CASES = {
-    "llama": ("llama", dict(TINY["llama"], rope_scaling="llama3", rope_original_max=8,
-                            qk_norm=True, attn_bias=True, mlp_bias=True)),
+    "llama": (
+        "llama",
+        dict(
+            TINY["llama"],
+            rope_scaling="llama3",
+            rope_original_max=8,
+            qk_norm=True,
+            attn_bias=True,
+            mlp_bias=True,
+        ),
+    ),
     "gpt2-erf": ("gpt2", dict(TINY["gpt2"], gelu_approx="none")),
 }
 
@@ -177,8 +202,9 @@ def test_library_helpers_match_decompositions(case):
 
 @pytest.mark.parametrize("scaling", ["default", "llama3"])
 def test_rope_tables_equal_the_library(scaling):
-    spec = dict(theta=500000.0, scaling=scaling, factor=8.0, low_freq=1.0, high_freq=4.0,
-                original_max=16)
+    spec = dict(
+        theta=500000.0, scaling=scaling, factor=8.0, low_freq=1.0, high_freq=4.0, original_max=16
+    )
     want = rope_tables(16, 64, **spec)
     got = jax_prelude.rope_tables(16, 64, *spec.values())
     for w, g in zip(want, got):
@@ -195,8 +221,9 @@ def test_stablehlo_round_trip_serves_many_shapes(tmp_path, name):
     files = {}
     for entry in ("forward", "decode"):
         exported = stablehlo.export_entry(source, cfg, entry)
-        files[entry], _ = stablehlo.save(exported, tmp_path / f"{entry}.mlir", source, cfg,
-                                         "equivalent")
+        files[entry], _ = stablehlo.save(
+            exported, tmp_path / f"{entry}.mlir", source, cfg, "equivalent"
+        )
     text = files["decode"].read_text()
     assert "stablehlo." in text and "tf.aliasing_output" in text and "?x?xi32" in text
     runner = ExportRunner(source.program(cfg), stablehlo.load_exports(tmp_path))
@@ -233,8 +260,16 @@ def test_stablehlo_cli(tmp_path):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY["gpt2"]))
     out = tmp_path / "decode.mlir"
-    args = ["stablehlo", str(source_path("gpt2")), "--config", str(config), "--entry",
-            "decode", "-o", str(out)]
+    args = [
+        "stablehlo",
+        str(source_path("gpt2")),
+        "--config",
+        str(config),
+        "--entry",
+        "decode",
+        "-o",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert out.read_text().startswith("// Linnet: `decode` of the `gpt2` source")
@@ -258,8 +293,10 @@ def test_generated_source_snapshot(name):
     path = golden_path(name)
     assert path.exists(), f"missing snapshot {path.name}: run `python scripts/update_golden.py`"
     if golden_text(name) != path.read_text(encoding="utf-8"):
-        pytest.fail(f"generated JAX for {name} changed; if intended, run "
-                    "`python scripts/update_golden.py` and review the diff")
+        pytest.fail(
+            f"generated JAX for {name} changed; if intended, run "
+            "`python scripts/update_golden.py` and review the diff"
+        )
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -301,8 +338,19 @@ def test_linnet_jax_cli_writes_the_module(tmp_path):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY["llama"]))
     out = tmp_path / "llama.py"
-    result = CliRunner().invoke(main, ["jax", str(source_path("llama")), "--config",
-                                       str(config), "-o", str(out), "--numerics", "fast"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "jax",
+            str(source_path("llama")),
+            "--config",
+            str(config),
+            "-o",
+            str(out),
+            "--numerics",
+            "fast",
+        ],
+    )
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "def decode(params, kv, tokens, at):" in text
@@ -320,8 +368,10 @@ def test_load_numpy_equals_the_torch_path(built, dtype):
 
     path, _ = built("Phi3ForCausalLM", "base")  # fused qkv / gate_up: split on load
     plan = plan_checkpoint(path, dtype=dtype)[0]
-    want = {k: v.float().numpy() for k, v in plan.load(getattr(torch, "float32"
-                                                               if dtype == "f32" else "bfloat16"))}
+    want = {
+        k: v.float().numpy()
+        for k, v in plan.load(getattr(torch, "float32" if dtype == "f32" else "bfloat16"))
+    }
     got = dict(plan.load_numpy())
     assert sorted(got) == sorted(want)
     for name, array in got.items():
@@ -346,14 +396,21 @@ def test_smollm2_matches_transformers(smollm2_checkpoint, chat_prompts):
         model.reset()
         got = model.decode(ids.numpy(), 0)
         delta = _close("last-position logits", got, want, F32_TOL)
-        print(f"SmolLM2 prompt of {ids.shape[1]} tokens: first token {int(np.argmax(got))}, "
-              f"max |Δ| vs transformers {delta:.3g}")
+        print(
+            f"SmolLM2 prompt of {ids.shape[1]} tokens: first token {int(np.argmax(got))}, "
+            f"max |Δ| vs transformers {delta:.3g}"
+        )
         assert int(np.argmax(got)) == int(want.argmax())
     ids = chat_prompts[0].reshape(1, -1)
     with torch.no_grad():
-        greedy = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                    do_sample=False, max_new_tokens=NEW_TOKENS,
-                                    eos_token_id=None, pad_token_id=0).numpy()
+        greedy = reference.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+        ).numpy()
     tokens = np.asarray(model.generate(ids.numpy(), NEW_TOKENS))
     assert tokens.tolist() == greedy.tolist()
     full = model.forward(greedy)

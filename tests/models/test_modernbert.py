@@ -29,7 +29,7 @@ from tests.checkpoints import (
     reference_modernbert,
     valid_delta,
 )
-from tests.test_export_hf import assert_bit_exact
+from tests.converters.test_export_hf import assert_bit_exact
 
 VARIANTS = list(TINY_MODERNBERT_CONFIGS)
 F32_TOL = 1e-4

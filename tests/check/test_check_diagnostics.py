@@ -25,7 +25,7 @@ from linnet.errors import ConfigError, LinnetError, SourceError
 from linnet.source import Source
 from linnet.syntax.parser import parse
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATH = "tiny.linnet"
 
 # Line numbers below refer to this text: `model tiny` is line 1.
@@ -507,10 +507,7 @@ FIXED_BUGS = {
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, id=n)
-        for n in FIXED_BUGS
-    ],
+    [pytest.param(n, id=n) for n in FIXED_BUGS],
 )
 def test_mistake_fixed_bug(name):
     check_case(FIXED_BUGS[name][0])

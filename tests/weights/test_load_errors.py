@@ -106,8 +106,9 @@ def test_missing_folder(tmp_path):
 
 def test_cli_plan_subprocess_has_no_traceback(llama):
     _rewrite(llama, _missing)
-    proc = subprocess.run([sys.executable, "-m", "linnet.cli", "plan", str(llama)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "linnet.cli", "plan", str(llama)], capture_output=True, text=True
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "k_proj" in proc.stderr
 

@@ -26,7 +26,7 @@ from tests.checkpoints import (  # noqa: E402
     reference_vision,
     vision_pixels,
 )
-from tests.test_export_hf import assert_bit_exact  # noqa: E402
+from tests.converters.test_export_hf import assert_bit_exact  # noqa: E402
 
 F32_TOL = 1e-4
 FAST_TOL = 1e-3

@@ -12,7 +12,7 @@ import pytest
 from tests.checkpoints import build_tiny_encoder, build_tiny_vision
 
 _spec = importlib.util.spec_from_file_location(
-    "bench_encoders", Path(__file__).resolve().parent.parent / "bench" / "encoders.py"
+    "bench_encoders", Path(__file__).resolve().parents[2] / "bench" / "encoders.py"
 )
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

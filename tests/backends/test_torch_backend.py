@@ -30,10 +30,20 @@ from tests.checkpoints import build_tiny, probe_ids, reference_greedy, tiny_vari
 EQUIVALENT_TOL = 1e-4  # f32 logits, against the interpreter
 FAST_TOL = 1e-3  # f32 logits: SDPA and fused norms reorder sums
 VARIANTS = tiny_variants()
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 TINY = {
-    "llama": dict(vocab=64, dim=32, n_layers=2, n_heads=4, n_kv=2, ffn=48, max_positions=32,
-                  act="f32", rope_scaling="default", window=6),
+    "llama": dict(
+        vocab=64,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv=2,
+        ffn=48,
+        max_positions=32,
+        act="f32",
+        rope_scaling="default",
+        window=6,
+    ),
     "gpt2": dict(vocab=64, dim=32, n_layers=2, n_heads=4, n_positions=32, act="f32"),
 }
 
@@ -43,8 +53,9 @@ def random_weights(name: str, config: dict, seed: int = 0):
     cfg = source.config(config)
     g = torch.Generator().manual_seed(seed)
     shapes = source.params(cfg).shapes
-    weights = {k: torch.randn([d.value for d in t.shape], generator=g) * 0.5
-               for k, t in shapes.items()}
+    weights = {
+        k: torch.randn([d.value for d in t.shape], generator=g) * 0.5 for k, t in shapes.items()
+    }
     return source, cfg, weights
 
 
@@ -171,8 +182,10 @@ def test_generated_source_snapshot(name):
     path = golden_path(name)
     assert path.exists(), f"missing snapshot {path.name}: run `python scripts/update_golden.py`"
     if golden_text(name) != path.read_text(encoding="utf-8"):
-        pytest.fail(f"generated source for {name} changed; if intended, run "
-                    "`python scripts/update_golden.py` and review the diff")
+        pytest.fail(
+            f"generated source for {name} changed; if intended, run "
+            "`python scripts/update_golden.py` and review the diff"
+        )
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -210,8 +223,9 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY["gpt2"]))
     out = tmp_path / "gpt2.py"
-    result = CliRunner().invoke(main, ["torch", str(source_path("gpt2")), "--config",
-                                       str(config), "-o", str(out)])
+    result = CliRunner().invoke(
+        main, ["torch", str(source_path("gpt2")), "--config", str(config), "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "class Gpt2(nn.Module)" in text and "def decode(self, tokens, at, kv=None)" in text

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from linnet.cli import main
 from linnet.errors import LinnetError, SourceError
 from linnet.source import Source
-from tests.test_check_diagnostics import BASE
+from tests.check.test_check_diagnostics import BASE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
     "llama": (ROOT / "zoo" / "llama.linnet").read_text(encoding="utf-8"),
     "gpt2": (ROOT / "zoo" / "gpt2.linnet").read_text(encoding="utf-8"),

@@ -123,7 +123,7 @@ def rand(*shape, dtype=torch.float32, scale=1.0, seed=0):
 # -- the tables ----------------------------------------------------------------------------
 def test_every_op_has_a_torch_emitter():
     """Primitives for the interpreter; library ops natively for generated source (their
-    parity with the decompositions is tests/test_torch_backend.py's business)."""
+    parity with the decompositions is tests/backends/test_torch_backend.py's business)."""
     missing = sorted(set(OPS) - set(EMITTERS))
     assert not missing, f"ops without a torch emitter: {missing}"
     stray = sorted(set(EMITTERS) - set(OPS))

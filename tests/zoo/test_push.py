@@ -20,7 +20,7 @@ import linnet.gguf
 import linnet.hf
 from tests.upload_server import serve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], hub) -> subprocess.CompletedProcess:

@@ -384,7 +384,7 @@ plan = make_plan(ck, m, {params!r}, {tied!r}, "f32")
 assert [p.tensor for p in plan.problems] == ["model.layers.0.self_attn.o_proj.bias"]
 print(len(plan.rows))
 """
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root

@@ -24,7 +24,7 @@ from linnet.ir.passes import VerifyError, decompose, dedupe_guards, print_graph,
 from linnet.ir.types import OpTypeError
 from linnet.source import Source
 
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 
 LLAMA_TINY = dict(
     vocab=64, dim=32, n_layers=2, n_heads=4, n_kv=2, ffn=48, max_positions=32, act="f32"

@@ -27,8 +27,8 @@ from linnet.errors import CheckpointError  # noqa: E402
 from linnet.loading import plan_checkpoint  # noqa: E402
 from linnet.source import Source  # noqa: E402
 from tests.checkpoints import build_tiny_vision, vision_pixels  # noqa: E402
-from tests.test_export_hf import assert_bit_exact  # noqa: E402
-from tests.test_vision import MEASURED, check  # noqa: E402
+from tests.converters.test_export_hf import assert_bit_exact  # noqa: E402
+from tests.models.test_vision import MEASURED, check  # noqa: E402
 
 F32_TOL = 1e-4
 FAST_TOL = 1e-3
