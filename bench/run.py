@@ -108,7 +108,7 @@ def worker_jax(ckpt: str, dtype: str, kind: str, numerics: str, args) -> dict:
     exports = None
     if kind == "stablehlo":
         from linnet import stablehlo
-        from linnet.loading import plan_checkpoint
+        from linnet.weights.planning import plan_checkpoint
 
         _, source, config, _ = plan_checkpoint(ckpt, dtype=dtype, max_positions=1024)
         exports = tempfile.mkdtemp(prefix="linnet-bench-hlo-")
@@ -247,7 +247,7 @@ def bandwidth_gb_s() -> float:
 
 
 def model_bytes(ckpt: str, dtype: str) -> int:
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     _, source, config, _ = plan_checkpoint(ckpt, dtype=dtype)
     per = {"f32": 4, "bf16": 2, "f16": 2}[dtype]

@@ -25,8 +25,8 @@ from linnet.atomic import atomic_path
 from linnet.backends.onnx.emit import ONNX_DTYPES
 from linnet.backends.onnx.graph import prepare, signature, to_model
 from linnet.core.dtypes import normalize_dtype
-from linnet.loading import DEFAULT_MAX_POSITIONS
 from linnet.weights.casting import write_converted
+from linnet.weights.planning import DEFAULT_MAX_POSITIONS
 from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
 
 DATA = "weights.onnx.data"

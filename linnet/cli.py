@@ -84,7 +84,7 @@ def plan(path: Path, dtype: str | None) -> None:
 
         click.echo(plan_text(path))
         return
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     result = plan_checkpoint(path, dtype=dtype)[0]
     click.echo(result.format())

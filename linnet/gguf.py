@@ -34,7 +34,7 @@ def export(
     temporary name and renamed when complete.
     """
     from linnet.converters.gguf_export import export_gguf
-    from linnet.weights.stream import open_weights
+    from linnet.targets import open_weights
 
     folder = tokenizer if isinstance(tokenizer, (str, Path)) else None
     weights = open_weights(model, architecture=architecture, tokenizer=folder)

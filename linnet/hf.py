@@ -35,7 +35,7 @@ def export(
     The folder is written under a temporary name and renamed when complete.
     """
     from linnet.converters.hf_export import export_hf
-    from linnet.weights.stream import open_weights
+    from linnet.targets import open_weights
 
     weights = open_weights(model, architecture=architecture, tokenizer=tokenizer)
     return export_hf(

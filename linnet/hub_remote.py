@@ -161,26 +161,7 @@ def remote_header(url: str, headers: dict, name: str, size: int) -> dict[str, Te
 
 
 def plan_for(ckpt, dtype: str | None = None):
-    """The weights-map plan of a checkpoint (local `Checkpoint` or `RemoteCheckpoint`),
-    as `linnet.loading.plan_checkpoint` makes it for a folder."""
-    from linnet.core.dtypes import normalize_dtype
-    from linnet.loading import DEFAULT_MAX_POSITIONS, source_for
-    from linnet.weights.maps import find_weights_map
-    from linnet.weights.plan import make_plan
+    """The weights-map plan of a checkpoint (local `Checkpoint` or `RemoteCheckpoint`)."""
+    from linnet.weights.planning import plan_checkpoint
 
-    hf_config = ckpt.read_config()
-    archs = hf_config.get("architectures") or []
-    if not archs:
-        raise CheckpointError(f"{ckpt.config_path}: no `architectures` field")
-    weights_map = find_weights_map(archs[0])
-    source = source_for(weights_map)
-    overrides = weights_map.translate_config(hf_config)
-    overrides["act"] = normalize_dtype(dtype) if dtype else overrides.get("act", "f32")
-    if "max_positions" in source.fields:  # a source with a cache (encoders have none)
-        overrides["max_positions"] = min(
-            overrides.get("max_positions", DEFAULT_MAX_POSITIONS), DEFAULT_MAX_POSITIONS
-        )
-    config = source.config(overrides)
-    layout = source.params(config)
-    shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
-    return make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
+    return plan_checkpoint(ckpt, dtype=dtype)[0]

@@ -44,7 +44,7 @@ def export(
     cache the decode model holds (default: the context, capped at 4096).
     The folder is written under a temporary name and renamed when complete."""
     from linnet.converters.onnx_export import export_onnx
-    from linnet.weights.stream import open_weights
+    from linnet.targets import open_weights
 
     weights = open_weights(model, architecture=architecture, tokenizer=tokenizer)
     try:
@@ -70,8 +70,6 @@ def load(path: str | Path, *, providers=None, threads: int | None = None) -> Onn
     if not (folder / "linnet.json").is_file() and (
         folder.suffix == ".gguf" or (folder / "config.json").is_file()
     ):
-        from linnet.loading import onnx_folder_for
-
         folder = onnx_folder_for(folder)
     sig_path = folder / "linnet.json"
     if not sig_path.is_file():
@@ -204,3 +202,23 @@ def _check_guards(guards: list, dims: dict) -> None:
             raise RuntimeGuardError(
                 f"{where}{g['message']} failed: {lhs} = {lhs.eval(dims)} > {rhs} = {rhs.eval(dims)}"
             )
+
+
+def onnx_folder_for(path: str | Path, *, max_positions: int | None = None) -> Path:
+    """An ONNX export of a checkpoint folder or `.gguf` file, made once into the cache
+    (`$LINNET_CACHE/onnx/`, keyed by the files' names, sizes and times) and reused."""
+    import hashlib
+
+    from linnet.hub import linnet_cache
+
+    path = Path(path).expanduser().resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    key = hashlib.sha256(repr(max_positions).encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    out = linnet_cache() / "onnx" / f"{path.stem}-{key.hexdigest()[:16]}"
+    if not (out / "linnet.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export(path, out, max_positions=max_positions, overwrite=True, progress=False)
+    return out

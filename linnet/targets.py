@@ -3,7 +3,8 @@
     found = locate("smollm2-135m-instruct")   # pulled into the HF cache (or found there)
     found.checkpoint                          # what the loaders take: the folder or the .gguf
     found.entry                               # the zoo entry, when known
-    resolve_checkpoint("./model.gguf")        # just the path (exporters, codegen)
+    resolve_checkpoint("./model.gguf")        # just the path (codegen)
+    open_weights("llama-3.1-8b")              # the exporters' input, resolved first
 
 Every command and front door that takes such a target resolves it here.
 """
@@ -93,3 +94,13 @@ def locate(
 def resolve_checkpoint(src: str | os.PathLike) -> Path:
     """The checkpoint path (a folder or a .gguf file) of a target, pulled if need be."""
     return locate(src, identify=False).checkpoint
+
+
+def open_weights(src, *, architecture: str | None = None, tokenizer=None):
+    """The exporters' input as a `Weights` stream: a loaded model, or a target (zoo name,
+    repo id, folder or .gguf file) resolved here first."""
+    from linnet.weights.stream import read_weights
+
+    if isinstance(src, (str, os.PathLike)):
+        src = resolve_checkpoint(src)
+    return read_weights(src, architecture=architecture, tokenizer=tokenizer)

@@ -13,8 +13,8 @@ from linnet.errors import LinnetError
 def resolve_source_and_config(src: str, config: str | None):
     """A `.linnet` source (with --config: JSON file or HF folder), an HF folder, or a zoo
     name (its checkpoint from the HF cache, pulled if need be)."""
-    from linnet.loading import plan_checkpoint
     from linnet.source import Source
+    from linnet.weights.planning import plan_checkpoint
 
     path = Path(src)
     if path.suffix != ".linnet" and not path.exists():
@@ -38,7 +38,7 @@ def resolve_source_and_config(src: str, config: str | None):
 def _config_overrides(config: str) -> dict:
     path = Path(config)
     if path.is_dir():
-        from linnet.loading import plan_checkpoint
+        from linnet.weights.planning import plan_checkpoint
 
         return plan_checkpoint(path)[2]
     if path.is_file():

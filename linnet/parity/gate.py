@@ -151,7 +151,7 @@ class Gate:
         ]
 
     def encoder(self, prompts, ids) -> list[OutputFigures]:
-        from linnet.loading import plan_checkpoint
+        from linnet.weights.planning import plan_checkpoint
 
         pad_id = plan_checkpoint(self.path)[2].get("pad_id", 0)
         batch, mask = pad_batch(ids, pad_id)
@@ -159,7 +159,7 @@ class Gate:
         return measure_encoder(model, reference, batch, mask, self.tolerance, prompts)
 
     def vision(self) -> list[OutputFigures]:
-        from linnet.loading import plan_checkpoint
+        from linnet.weights.planning import plan_checkpoint
 
         _, source, config, _ = plan_checkpoint(self.path)
         pixels = random_pixels(config)

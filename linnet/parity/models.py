@@ -24,7 +24,7 @@ BACKENDS = ("torch", "jax", "onnx")
 def checkpoint_kind(path: Path) -> str:
     """decoder, encoder or vision: what the checkpoint's source has (`decode`, `embed`,
     else an image model). Reads the config and headers only."""
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     if path.suffix == ".gguf":
         return "decoder"

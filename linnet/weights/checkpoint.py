@@ -6,7 +6,7 @@ gives a source, its config, the HF config and a lazy stream of params.
     params = ck.numpy_params()            # {name: numpy array} in config["act"] (JAX)
     params = ck.torch_params("cuda")      # {name: torch.Tensor} (PyTorch)
 
-A folder is planned from its headers (`linnet.loading.plan_checkpoint`) and read one HF
+A folder is planned from its headers (`linnet.weights.planning.plan_checkpoint`) and read one HF
 tensor at a time; a GGUF file's config is rebuilt from its metadata through the weights
 map (`gguf_reader.weights_from_gguf`) and its tensors are dequantized one at a time.
 Nothing here builds a model: the front doors do.
@@ -70,7 +70,7 @@ def open_checkpoint(
     max_positions: the KV-cache length (default: the context, capped)."""
     if is_gguf(path):
         return _open_gguf(Path(path), dtype, max_positions)
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     plan, source, config, hf_config = plan_checkpoint(
         path, dtype=dtype, max_positions=max_positions
@@ -87,8 +87,8 @@ def open_checkpoint(
 
 
 def _open_gguf(path: Path, dtype, max_positions: int | None) -> OpenCheckpoint:
-    from linnet.loading import cache_length
     from linnet.weights.gguf_reader import weights_from_gguf
+    from linnet.weights.planning import cache_length
 
     w = weights_from_gguf(path, act=dtype)
     overrides = w.weights_map.translate_config(w.hf_config)

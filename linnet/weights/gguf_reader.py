@@ -26,7 +26,7 @@ from linnet.weights.tensor_group import TensorGroup
 
 def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
     """A GGUF file as a `Weights` stream (source config from its metadata)."""
-    from linnet.loading import source_for
+    from linnet.weights.planning import source_for
 
     ck = GgufCheckpoint(path)
     weights_map = ck.weights_map

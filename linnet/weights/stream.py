@@ -1,6 +1,6 @@
 """Weights as a stream of groups, for the writers: numpy only, one tensor at a time.
 
-    w = open_weights("path/to/folder")     # or a .gguf file, a zoo name, a loaded model
+    w = read_weights("path/to/folder")     # or a local .gguf file, a loaded model
     for group, arrays in w:                # arrays: the group's params, source layout
         ...
     w.close()
@@ -127,7 +127,7 @@ def _read_tensor(info) -> np.ndarray:
 
 def from_folder(path: str | Path) -> Weights:
     """An HF checkpoint folder, planned from headers (every problem is raised first)."""
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     plan, source, config, hf_config = plan_checkpoint(path)
     plan.check()
@@ -218,16 +218,14 @@ def from_model(
 
 
 # ----------------------------------------------------------------------------------------
-# Opening a SRC argument (resolved by linnet.targets)
+# The exporters' input (a SRC argument is resolved first: linnet.targets.open_weights)
 
 
-def open_weights(src, *, architecture: str | None = None, tokenizer=None) -> Weights:
-    """The exporters' input: a loaded model, an HF folder, a .gguf file or a zoo name."""
+def read_weights(src, *, architecture: str | None = None, tokenizer=None) -> Weights:
+    """A loaded model, a local HF folder or a local .gguf file as a `Weights` stream."""
     if not isinstance(src, (str, Path)):
         return from_model(src, architecture=architecture, tokenizer=tokenizer)
-    from linnet.targets import resolve_checkpoint
-
-    path = resolve_checkpoint(src)
+    path = Path(src)
     if path.is_file() and path.suffix == ".gguf":
         from linnet.weights.gguf_reader import weights_from_gguf
 

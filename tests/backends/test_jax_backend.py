@@ -364,7 +364,7 @@ def test_linnet_jax_cli_writes_the_module(tmp_path):
 def test_load_numpy_equals_the_torch_path(built, dtype):
     import torch
 
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     path, _ = built("Phi3ForCausalLM", "base")  # fused qkv / gate_up: split on load
     plan = plan_checkpoint(path, dtype=dtype)[0]

@@ -24,8 +24,8 @@ import linnet.hf  # noqa: E402
 import linnet.torch as lt  # noqa: E402
 from linnet.check.elaborate import check_source  # noqa: E402
 from linnet.errors import CheckpointError  # noqa: E402
-from linnet.loading import plan_checkpoint  # noqa: E402
 from linnet.source import Source  # noqa: E402
+from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.checkpoints import build_tiny_vision, vision_pixels  # noqa: E402
 from tests.converters.test_export_hf import assert_bit_exact  # noqa: E402
 from tests.models.test_vision import MEASURED, check  # noqa: E402

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import linnet.hf  # noqa: E402
 import linnet.torch as lt  # noqa: E402
 from linnet.errors import CheckpointError, LinnetError, RuntimeGuardError  # noqa: E402
-from linnet.loading import plan_checkpoint  # noqa: E402
+from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.checkpoints import (  # noqa: E402
     build_tiny_vision,
     reference_vision,

@@ -176,7 +176,7 @@ def _add_base_tensors(arch: str, config, model, file: Path) -> None:
     them under the task model's prefix."""
     from safetensors.torch import save_file
 
-    from linnet.loading import plan_checkpoint
+    from linnet.weights.planning import plan_checkpoint
 
     missing = {p.tensor for p in plan_checkpoint(file.parent)[0].problems}
     tensors = load_file(file)

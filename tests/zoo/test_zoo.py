@@ -18,7 +18,7 @@ from linnet.zoo.registry import (
 from linnet.zoo.scaled import POSITIONS, scaled_config
 
 from linnet.cli import main
-from linnet.loading import source_for
+from linnet.weights.planning import source_for
 
 # The models the project promises, by kind; the zoo may hold more (a new entry needs no
 # change here: docs/adding-a-model.md).

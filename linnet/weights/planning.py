@@ -1,11 +1,16 @@
-"""From a checkpoint folder to a plan, a source and a config, reading headers only.
+"""From a checkpoint to a plan, a source and a config, reading headers only.
 
-Nothing here imports torch: `linnet plan` and the exporters' planning run without it.
+    plan, source, config, hf_config = plan_checkpoint("path/to/folder", dtype="bf16")
+    plan.check()                    # every missing, extra or misshapen tensor, named
+
+The checkpoint is a folder, or an object that reads like one (`Checkpoint`, the Hub's
+`RemoteCheckpoint`: `read_config()` and `headers()`). Nothing here imports torch:
+`linnet plan`, the exporters' and the Hub's planning run without it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from linnet.core.dtypes import normalize_dtype
 from linnet.errors import CheckpointError
@@ -32,10 +37,11 @@ def source_for(weights_map: WeightsMap) -> Source:
 
 
 def plan_checkpoint(
-    path: str | Path, *, dtype=None, max_positions: int | None = None
+    checkpoint, *, dtype=None, max_positions: int | None = None
 ) -> tuple[Plan, Source, dict, dict]:
     """Read config and headers only; return the plan, source, config and HF config."""
-    ckpt = Checkpoint(path)
+    is_path = isinstance(checkpoint, (str, os.PathLike))
+    ckpt = Checkpoint(checkpoint) if is_path else checkpoint
     hf_config = ckpt.read_config()
     archs = hf_config.get("architectures") or []
     if not archs:
@@ -56,24 +62,3 @@ def plan_checkpoint(
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
     plan = make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
     return plan, source, config, hf_config
-
-
-def onnx_folder_for(path: str | Path, *, max_positions: int | None = None) -> Path:
-    """An ONNX export of a checkpoint folder or `.gguf` file, made once into the cache
-    (`$LINNET_CACHE/onnx/`, keyed by the files' names, sizes and times) and reused."""
-    import hashlib
-
-    import linnet.onnx
-    from linnet.hub import linnet_cache
-
-    path = Path(path).expanduser().resolve()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    key = hashlib.sha256(repr(max_positions).encode())
-    for f in files:
-        st = f.stat()
-        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    out = linnet_cache() / "onnx" / f"{path.stem}-{key.hexdigest()[:16]}"
-    if not (out / "linnet.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        linnet.onnx.export(path, out, max_positions=max_positions, overwrite=True, progress=False)
-    return out
