@@ -146,5 +146,3 @@ def _image(real: dict, small: dict) -> None:
         small["widths"] = [w // scale for w in real["widths"]]
     if "depths" in real:
         small["depths"] = [min(d, STAGE_DEPTH) for d in real["depths"]]
-
-
