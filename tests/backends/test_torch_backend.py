@@ -103,6 +103,7 @@ def test_interpret_mode_has_only_equivalent_numerics(built):
         lt.load(path, mode="warp")
 
 
+@pytest.mark.slow
 def test_compile_mode_recompiles_at_most_once_over_64_decode_steps():
     from torch._dynamo.utils import counters
 
@@ -232,6 +233,7 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
     assert "import linnet" not in text and "from linnet" not in text
 
 
+@pytest.mark.slow
 def test_torch_load_takes_a_gguf_file(tmp_path):
     """A .gguf path goes through the GGUF importer, in any mode."""
     import linnet.gguf

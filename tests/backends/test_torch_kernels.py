@@ -113,6 +113,7 @@ def test_dying_values_never_lists_inputs_params_states_or_outputs():
         assert all(last_read.get(v, i) <= i for v in values)
 
 
+@pytest.mark.slow
 def test_compiled_decode_writes_per_layer_cache_parts_in_place(tmp_path):
     """Under torch.compile the cache goes in as one view per layer and k/v: a slice write
     into the one cache tensor made Inductor copy the whole cache every step (SmolLM2's

@@ -138,6 +138,7 @@ def test_gate_on_the_other_backends(tiny, backend):
         assert f.same_token and f.max_abs < 1e-3 and f.top5 == 5
 
 
+@pytest.mark.slow
 def test_gate_on_a_gguf_file_against_transformers_gguf_loader(tmp_path):
     """`linnet parity x.gguf`: SmolLM2's Q4_1 GGUF through Linnet's GGUF import against
     transformers' own GGUF loader (dequantized) on the same file."""
