@@ -19,14 +19,14 @@ sys.path.insert(0, str(ROOT))
 
 def snapshots():
     """(path, text) of every snapshot."""
-    from tests import test_torch_backend as generated
+    from tests.backends import test_torch_backend as generated
     from tests.ir.test_ir_graphs import GOLDEN, golden_path, golden_text
 
     for variant, entry in GOLDEN:
         yield golden_path(variant, entry), golden_text(variant, entry)
     for name in generated.TINY:
         yield generated.golden_path(name), generated.golden_text(name)
-    from tests import test_jax_backend as jax_generated
+    from tests.backends import test_jax_backend as jax_generated
 
     for name in jax_generated.TINY:
         yield jax_generated.golden_path(name), jax_generated.golden_text(name)
