@@ -76,7 +76,7 @@ def prepare_hf_torch(ckpt: Path, compiled: bool) -> tuple:
     from transformers import AutoModel
 
     t0 = time.perf_counter()
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32, trust_remote_code=False).eval()
     info = {
         "load_s": time.perf_counter() - t0,
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
@@ -105,7 +105,7 @@ def prepare_hf_onnx(ckpt: Path, work: Path) -> tuple:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32, trust_remote_code=False).eval()
     sample = make_inputs(ckpt, 2, seq_len=8)  # traced at batch 2, length 8: neither baked
     names = list(sample)
     if "attention_mask" in sample:  # padding traced too: the mask stays in the graph

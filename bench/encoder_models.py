@@ -94,7 +94,9 @@ def reference(ckpt: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModel.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    )
     with torch.inference_mode():
         out = model.eval()(**{k: torch.from_numpy(v) for k, v in inputs.items()})
     return out.last_hidden_state.numpy()

@@ -155,7 +155,9 @@ def worker_transformers(ckpt: str, dtype: str, compiled: bool, args) -> dict:
 
     torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch_dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch_dtype, trust_remote_code=False
+    ).eval()
     out = {"load_s": time.perf_counter() - t0}
     kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     if compiled:  # the documented fast path: static cache + torch.compile

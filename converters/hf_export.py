@@ -31,6 +31,7 @@ import numpy as np
 from linnet.atomic import atomic_path
 from linnet.core.dtypes import normalize_dtype
 from linnet.errors import ConfigError
+from linnet.remote_code import refuse_remote_code
 from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, write_converted
 from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
 from linnet.weights.tensor_group import TensorGroup
@@ -184,7 +185,10 @@ def tokenizer_from_gguf(gguf_path: Path, dst: Path) -> list[str]:
     except ImportError:
         print("warning: transformers is not installed: no tokenizer files", file=sys.stderr)
         return []
-    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    refuse_remote_code(gguf_path.parent)
+    tok = AutoTokenizer.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False
+    )
     return [Path(f).name for f in tok.save_pretrained(dst)]
 
 

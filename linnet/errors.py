@@ -40,5 +40,9 @@ class PickledCheckpoint(CheckpointError):
     """The folder only holds pickled weights (.bin/.pt), which Linnet never unpickles."""
 
 
+class RemoteCode(CheckpointError):
+    """A checkpoint asks transformers to import code it ships (`auto_map`): never run."""
+
+
 class RuntimeGuardError(LinnetError):
     """A `require` that could not be proven at check time failed at run time."""

@@ -68,7 +68,7 @@ def chat_prompt_ids(tokenizer_or_dir, messages: list[str] | None = None) -> list
     if isinstance(tok, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(tok)
+        tok = AutoTokenizer.from_pretrained(tok, trust_remote_code=False)
     out = []
     for text in messages or CHAT_MESSAGES:
         enc = tok.apply_chat_template(
@@ -95,9 +95,10 @@ def load_smollm2_gguf():
         dtype=torch.float32,
         attn_implementation="eager",
         quantization_config=GgufConfig(dequantize=True),
+        trust_remote_code=False,
     )
     model.eval()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     return model, tok
 
 
@@ -150,14 +151,14 @@ def _verify_saved(folder: Path, model, tok) -> float:
     if "quantization_config" in cfg:
         raise RuntimeError("saved config.json still has a quantization_config")
     reloaded = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
+        folder, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
     ).eval()
     with torch.no_grad():
         got = reloaded(input_ids=ids).logits
     max_diff = float((got - want).abs().max())
     if max_diff > 1e-5:
         raise RuntimeError(f"reloaded checkpoint differs from the GGUF model: {max_diff}")
-    tok2 = AutoTokenizer.from_pretrained(folder)
+    tok2 = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     if not tok2.chat_template:
         raise RuntimeError("saved tokenizer lost its chat template")
     ids2 = chat_prompt_ids(tok2, CHAT_MESSAGES[:1])[0]

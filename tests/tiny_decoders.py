@@ -335,7 +335,7 @@ def load_reference(ckpt_dir: str | os.PathLike):
     model = _REF_CACHE.get(key)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager"
+            path, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
         )
         model.eval()
         _REF_CACHE[key] = model

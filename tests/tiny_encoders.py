@@ -109,7 +109,9 @@ def reference_hidden(ckpt_dir, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' (last_hidden_state [B, S, H], pooler_output [B, H]) in f32, eager."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModel.from_pretrained(
+        ckpt_dir, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    )
     out = model.eval()(input_ids=ids, attention_mask=mask)
     return out.last_hidden_state, out.pooler_output
 
@@ -193,5 +195,7 @@ def reference_modernbert(ckpt_dir, ids, mask) -> torch.Tensor:
     of a ModernBertForMaskedLM folder)."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModel.from_pretrained(
+        ckpt_dir, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    )
     return model.eval()(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -111,7 +111,9 @@ def reference_vision(ckpt_dir: str | os.PathLike, pixels: torch.Tensor) -> dict[
 
     cfg = json.loads((Path(ckpt_dir) / "config.json").read_text())
     cls = getattr(transformers, cfg["architectures"][0])
-    model = cls.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    model = cls.from_pretrained(
+        ckpt_dir, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    ).eval()
     if hasattr(model, "classifier"):
         out = model(pixel_values=pixels, output_hidden_states=True)
         return {"logits": out.logits}

@@ -7,12 +7,15 @@ Both take a zoo name (pulled, or found in the HF cache), an HF repo id, a local 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from linnet.commands.zoo import fail_hub, warnings_to_stderr
+from linnet.errors import CheckpointError
 
 _TARGET = click.argument("target", metavar="NAME_OR_PATH")
 _CHECKPOINT = click.option(
@@ -61,15 +64,27 @@ class TextStream:
 def eos_ids(folder, tokenizer) -> list[int]:
     """The tokens that end generation, as transformers' `generate` takes them: the
     checkpoint's generation_config.json, else the tokenizer's EOS."""
-    from transformers import GenerationConfig
-
-    try:
-        eos = GenerationConfig.from_pretrained(folder).eos_token_id
-    except OSError:
-        eos = None
+    eos = _generation_eos(Path(folder) / "generation_config.json")
     if eos is None:
         eos = tokenizer.eos_token_id
     return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def _generation_eos(path: Path):
+    """`eos_token_id` of a generation_config.json (read as data: transformers' loader would
+    take the file's other fields as attributes), None when the file or the field is absent."""
+    if not path.is_file():
+        return None
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path}: not a JSON object ({err})", file=str(path)) from err
+    ids = [eos] if isinstance(eos, int) else eos
+    if eos is not None and not (
+        isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise CheckpointError(f"{path}: eos_token_id must be a token id or a list of them")
+    return eos
 
 
 @click.command()

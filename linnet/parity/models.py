@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from linnet.errors import CheckpointError, LinnetError
+from linnet.remote_code import refuse_remote_code
 from linnet.zoo.registry import Entry
 
 BACKENDS = ("torch", "jax", "onnx")
@@ -75,8 +76,11 @@ def load_reference(
         from transformers import GgufConfig
 
         extra = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+    refuse_remote_code(folder)
     cls = _reference_class(folder, entry, kind)
-    model = cls.from_pretrained(folder, dtype=torch_dtype, attn_implementation="eager", **extra)
+    model = cls.from_pretrained(
+        folder, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, **extra
+    )
     model = model.to(device)
     model.eval()
     if entry is not None and entry.reference_class != type(model).__name__:
@@ -96,7 +100,10 @@ def _reference_class(folder: Path, entry: Entry | None, kind: str):
     if kind == "encoder":
         return transformers.AutoModel
     name = entry.reference_class if entry else _read_config(folder)["architectures"][0]
-    return getattr(transformers, name)
+    cls = getattr(transformers, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise CheckpointError(f"{folder}/config.json: {name!r} is no model class of transformers")
+    return cls
 
 
 def _read_config(folder: Path) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from linnet.errors import CheckpointError
+from linnet.remote_code import refuse_remote_code
 
 
 def load_tokenizer(folder: Path, gguf_file: str | None = None):
@@ -18,8 +19,9 @@ def load_tokenizer(folder: Path, gguf_file: str | None = None):
     without one is a CheckpointError that says so, not transformers' traceback."""
     from transformers import AutoTokenizer
 
+    refuse_remote_code(folder)
     try:
-        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
     except (OSError, ValueError) as err:
         why = str(err).strip().splitlines()[0].rstrip(" :") if str(err).strip() else repr(err)
         where = f"{folder}/{gguf_file}" if gguf_file else str(folder)

@@ -157,7 +157,9 @@ def test_minilm_real_weights(tmp_path):
 
     snapshot = minilm_snapshot()
     model = linnet.onnx.load(linnet.onnx.export(snapshot, tmp_path / "minilm", progress=False))
-    batch = AutoTokenizer.from_pretrained(snapshot)(SENTENCES, padding=True, return_tensors="pt")
+    batch = AutoTokenizer.from_pretrained(snapshot, trust_remote_code=False)(
+        SENTENCES, padding=True, return_tensors="pt"
+    )
     ids, mask = batch["input_ids"], batch["attention_mask"]
     want = mean_pooling(reference_hidden(snapshot, ids, mask)[0], mask)
     got = torch.from_numpy(model.embed(ids.numpy(), mask.numpy()))

@@ -203,7 +203,10 @@ def test_bf16_generated_mode_matches_transformers_on_real_weights(
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(
-        smollm2_checkpoint, dtype=torch.bfloat16, attn_implementation="eager"
+        smollm2_checkpoint,
+        dtype=torch.bfloat16,
+        attn_implementation="eager",
+        trust_remote_code=False,
     ).eval()
     model = lt.load(smollm2_checkpoint, dtype="bf16", mode="generated", numerics=numerics)
     for ids in chat_prompts:

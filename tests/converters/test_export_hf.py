@@ -57,7 +57,7 @@ def _logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
+        folder, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
     )
     return model.eval()(input_ids=ids).logits
 
@@ -240,7 +240,7 @@ def test_smollm2_round_trip(smollm2_checkpoint, tmp_path, chat_prompts):
 
     from tests.checkpoints import chat_prompt_ids
 
-    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(out))
+    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(out, trust_remote_code=False))
     assert all(torch.equal(a, b) for a, b in zip(ids, chat_prompts))
     want = load_reference(smollm2_checkpoint)(input_ids=ids[0]).logits
     assert torch.equal(_logits(out, ids[0]), want)

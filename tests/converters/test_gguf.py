@@ -349,7 +349,7 @@ def _transformers_gguf(path: Path):
 
     return AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager",
-        quantization_config=GgufConfig(dequantize=True),
+        quantization_config=GgufConfig(dequantize=True), trust_remote_code=False
     ).eval()  # fmt: skip
 
 
@@ -420,13 +420,13 @@ def test_smollm2_pre_tokenizer_by_behaviour(smollm2_checkpoint, tmp_path):
     out = linnet.gguf.export(folder, tmp_path / "m.gguf", dtype="q8_0", progress=False)
     llm = _llama(out, vocab_only=True)
     assert llm.metadata["tokenizer.ggml.pre"] == "smollm"
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     for text in ("What is 12345 plus 678?", "In 2024, 3.14159 × 10^6 ≈ π·10⁶.", " a  b\n\n c"):
         want = tok(text, add_special_tokens=False)["input_ids"]
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == want, text
     assert (
         want
-        != AutoTokenizer.from_pretrained(smollm2_checkpoint)(
+        != AutoTokenizer.from_pretrained(smollm2_checkpoint, trust_remote_code=False)(
             "What is 12345 plus 678?", add_special_tokens=False
         )["input_ids"]
     )  # the two pre-tokenizers do differ on digits
@@ -465,9 +465,9 @@ def test_import_smollm2_q4_1(tmp_path):
 
     out = linnet.hf.export(smollm2_gguf_path(), tmp_path / "out", progress=False)
     exported = AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, attn_implementation="eager"
+        out, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
     )
-    again = chat_prompt_ids(AutoTokenizer.from_pretrained(out))
+    again = chat_prompt_ids(AutoTokenizer.from_pretrained(out, trust_remote_code=False))
     assert all(torch.equal(a, b) for a, b in zip(prompts, again))
     with torch.no_grad():
         got = exported(input_ids=prompts[0]).logits[0, -1]

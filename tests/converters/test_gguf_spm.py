@@ -77,7 +77,7 @@ def _tokenizer(root: Path):
     )  # fmt: skip
     (root / "sp").mkdir()
     shutil.copy(root / "spm.model", root / "sp" / "tokenizer.model")
-    tok = LlamaTokenizer.from_pretrained(root / "sp", add_bos_token=True)
+    tok = LlamaTokenizer.from_pretrained(root / "sp", add_bos_token=True, trust_remote_code=False)
     tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
     # Matched in the raw text, as llama.cpp matches added tokens (a normalized=True one is
     # matched after ▁ replaces spaces, and transformers then drops the ▁ before it).
@@ -128,7 +128,7 @@ def _llama(path: Path):
 def _hf(folder: Path, **kw):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, **kw)
+    return AutoTokenizer.from_pretrained(folder, **kw, trust_remote_code=False)
 
 
 def _cpp_ids(llm, text: str) -> list[int]:

@@ -22,7 +22,7 @@ def run(*args):
 def tokenizer(smollm2_checkpoint):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smollm2_checkpoint)
+    return AutoTokenizer.from_pretrained(smollm2_checkpoint, trust_remote_code=False)
 
 
 def test_run_chat_matches_transformers_generate(smollm2_checkpoint, tokenizer):

@@ -33,7 +33,9 @@ def snapshot():
 def test_minilm_embeddings_match_sentence_transformers_pooling(snapshot):
     from transformers import AutoTokenizer
 
-    batch = AutoTokenizer.from_pretrained(snapshot)(SENTENCES, padding=True, return_tensors="pt")
+    batch = AutoTokenizer.from_pretrained(snapshot, trust_remote_code=False)(
+        SENTENCES, padding=True, return_tensors="pt"
+    )
     ids, mask = batch["input_ids"], batch["attention_mask"]
     assert len(set(mask.sum(1).tolist())) == len(SENTENCES)  # every length differs
     model = lt.load(snapshot)

@@ -45,7 +45,11 @@ def reference(folder, pixels) -> dict[str, torch.Tensor]:
     import transformers
 
     arch = json.loads((folder / "config.json").read_text())["architectures"][0]
-    model = getattr(transformers, arch).from_pretrained(folder, dtype=torch.float32).eval()
+    model = (
+        getattr(transformers, arch)
+        .from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
+        .eval()
+    )
     base = getattr(model, "resnet", model)
     out = base(pixel_values=pixels)
     refs = {"forward": out.last_hidden_state, "pool": out.pooler_output.flatten(1)}
@@ -113,7 +117,11 @@ def test_hf_export_round_trips_bit_exactly(built, tmp_path, arch):
         assert_bit_exact(src, out)  # every tensor, num_batches_tracked (int64) included
         config = json.loads((out / "config.json").read_text())
         assert config == json.loads((src / "config.json").read_text())
-    model = getattr(transformers, arch).from_pretrained(out, dtype=torch.float32).eval()
+    model = (
+        getattr(transformers, arch)
+        .from_pretrained(out, dtype=torch.float32, trust_remote_code=False)
+        .eval()
+    )
     with torch.no_grad():
         out_ = model(pixel_values=pixels)
     want = refs["classify"] if arch == "ResNetForImageClassification" else refs["forward"]

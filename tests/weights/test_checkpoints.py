@@ -190,7 +190,7 @@ def test_tiny_config_edges(tiny_checkpoint, key):
     arch, variant = key
     path = tiny_checkpoint(arch, variant)
     want = EXPECTED[key]
-    cfg = AutoConfig.from_pretrained(path)
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
     assert cfg.architectures == [arch]
     for name, value in want["config"].items():
         assert getattr(cfg, name) == value, name
@@ -279,7 +279,11 @@ def test_tiny_sliding_window_matters(tiny_checkpoint, key):
     assert ids.shape[1] > w
     windowed = reference_logits(path, ids)
     full = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", sliding_window=None
+        path,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        sliding_window=None,
+        trust_remote_code=False,
     ).eval()
     assert full.config.sliding_window is None
     with torch.no_grad():
@@ -312,6 +316,7 @@ def test_tiny_llama3_rope_changes_frequencies(tiny_checkpoint):
         dtype=torch.float32,
         attn_implementation="eager",
         rope_parameters={"rope_type": "default", "rope_theta": theta},
+        trust_remote_code=False,
     ).eval()
     with torch.no_grad():
         other = default(input_ids=ids).logits
@@ -376,7 +381,7 @@ def test_smollm2_checkpoint_is_plain_f32(smollm2_checkpoint):
     model = load_reference(path)
     assert getattr(model, "hf_quantizer", None) is None
     assert not getattr(model, "is_quantized", False)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     assert "<|im_start|>" in tok.chat_template
 
 
@@ -401,7 +406,7 @@ def test_smollm2_matches_gguf_loaded(smollm2_checkpoint, smollm2_gguf, chat_prom
 def test_smollm2_chat_prompts_are_robust(smollm2_checkpoint, chat_prompts):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm2_checkpoint)
+    tok = AutoTokenizer.from_pretrained(smollm2_checkpoint, trust_remote_code=False)
     assert len(chat_prompts) == len(CHAT_MESSAGES) == 3
     for text, ids in zip(CHAT_MESSAGES, chat_prompts):
         assert ids.dtype == torch.long and ids.ndim == 2 and ids.shape[0] == 1

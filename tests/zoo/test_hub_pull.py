@@ -97,7 +97,7 @@ def hub(tmp_path_factory, tiny_checkpoint):
 
     from transformers import AutoModelForCausalLM
 
-    qwen3 = AutoModelForCausalLM.from_pretrained(tiny_checkpoint("qwen3"))
+    qwen3 = AutoModelForCausalLM.from_pretrained(tiny_checkpoint("qwen3"), trust_remote_code=False)
     qwen3.save_pretrained(work / "sharded", max_shard_size="100KB")
     ns.shards = sorted(p.name for p in (work / "sharded").glob("*.safetensors"))
     h.commit("test-org/sharded", checkpoint_files(work / "sharded"))
@@ -353,9 +353,9 @@ def test_cli_run_on_a_pulled_repo_matches_transformers(env, hub):
     done = cli(env, "run", "test-org/tiny-llama", "--revision", "main", "--prompt", prompt,
                "--max-new-tokens", "12", offline=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     ids = torch.tensor([tok(prompt)["input_ids"]])
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
     out = ref.generate(ids, max_new_tokens=12, do_sample=False)
     want = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert done.stdout.strip() == want.strip() and len(want.split()) >= 1
