@@ -19,7 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from linnet.converters.companions import companion
+
 from linnet.errors import LinnetError
+from linnet.weights.jsonfile import read_json_object
 
 # The regex HF's ByteLevel pre-tokenizer applies when use_regex is true (GPT-2's).
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -220,7 +223,9 @@ def spm_vocab(
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """A tokenizer file of the checkpoint ({} when absent); one that links out of the
+    checkpoint or is not a JSON object is refused with its name."""
+    return read_json_object(companion(path.parent, path.name)) if path.is_file() else {}
 
 
 def add_tokenizer(writer, folder: Path | None, n_vocab: int) -> str:

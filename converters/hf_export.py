@@ -21,19 +21,19 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from linnet.converters.companions import copy_companion, copy_tokenizer
 
 from linnet.atomic import atomic_path
 from linnet.core.dtypes import normalize_dtype
 from linnet.errors import ConfigError
 from linnet.remote_code import refuse_remote_code
 from linnet.weights.casting import HF_NAMES, NP_DTYPES, ST_NAMES, write_converted
-from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
+from linnet.weights.stream import Weights
 from linnet.weights.tensor_group import TensorGroup
 
 SINGLE = "model.safetensors"
@@ -165,19 +165,6 @@ def generation_config_for(weights: Weights) -> dict:
     return out
 
 
-def copy_tokenizer(src: Path, dst: Path) -> list[str]:
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
-            copied.append(name)
-    for name in TOKENIZER_DIRS:
-        if (src / name).is_dir():
-            shutil.copytree(src / name, dst / name)
-            copied.append(name + "/")
-    return copied
-
-
 def tokenizer_from_gguf(gguf_path: Path, dst: Path) -> list[str]:
     """transformers' GGUF tokenizer conversion, saved as HF tokenizer files."""
     try:
@@ -229,7 +216,7 @@ def export_hf(
         )
         src = weights.tokenizer_dir
         if src is not None and (src / "generation_config.json").is_file():
-            shutil.copy2(src / "generation_config.json", tmp / "generation_config.json")
+            copy_companion(src, "generation_config.json", tmp)
         else:
             (tmp / "generation_config.json").write_text(
                 json.dumps(generation_config_for(weights), indent=2, sort_keys=True) + "\n"

@@ -14,11 +14,11 @@ at the end. Models hold no weight bytes, so they stay far below protobuf's 2 GB.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import onnx
+from linnet.converters.companions import copy_tokenizer
 from onnx import TensorProto
 
 from linnet.atomic import atomic_path
@@ -27,7 +27,7 @@ from linnet.backends.onnx.graph import prepare, signature, to_model
 from linnet.core.dtypes import normalize_dtype
 from linnet.weights.casting import write_converted
 from linnet.weights.planning import DEFAULT_MAX_POSITIONS
-from linnet.weights.stream import TOKENIZER_DIRS, TOKENIZER_FILES, Weights
+from linnet.weights.stream import Weights
 
 DATA = "weights.onnx.data"
 SIGNATURE = "linnet.json"
@@ -132,9 +132,4 @@ def copy_side_files(weights: Weights, tmp: Path) -> None:
     folder = weights.tokenizer_dir
     if folder is None:
         return
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            shutil.copy2(folder / name, tmp / name)
-    for name in TOKENIZER_DIRS:
-        if (folder / name).is_dir():
-            shutil.copytree(folder / name, tmp / name)
+    copy_tokenizer(folder, tmp)

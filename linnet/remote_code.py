@@ -12,10 +12,10 @@ nor asks on standard input whether it may (tests/weights/test_remote_code.py che
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from linnet.errors import CheckpointError, RemoteCode
+from linnet.errors import RemoteCode
+from linnet.weights.jsonfile import read_json_object
 
 # The files transformers reads an `auto_map` from.
 AUTO_MAP_FILES = (
@@ -36,7 +36,7 @@ def refuse_remote_code(folder: str | Path) -> None:
         path = folder / name
         if not path.is_file():
             continue
-        data = _json_object(path)
+        data = read_json_object(path)
         auto_map = data.get("auto_map")
         if auto_map:
             classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else auto_map
@@ -45,13 +45,3 @@ def refuse_remote_code(folder: str | Path) -> None:
                 f"({classes}); Linnet never runs a checkpoint's code",
                 file=str(path),
             )
-
-
-def _json_object(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: not a readable JSON file ({err})", file=str(path)) from err
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object", file=str(path))
-    return data
