@@ -10,7 +10,6 @@ Used by `linnet.hub.pull`.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -22,7 +21,7 @@ from linnet.weights.safetensors_io import (
     PICKLE_SUFFIXES,
     SINGLE_FILE,
     TensorInfo,
-    _tensor_info,
+    parse_header,
 )
 
 #: Top-level files fetched besides the weights: configs and tokenizers (no code, no pickles).
@@ -140,24 +139,7 @@ def remote_header(url: str, headers: dict, name: str, size: int) -> dict[str, Te
             file=name,
         )
     raw = probe if len(probe) >= 8 + length else _read_prefix(url, headers, 8 + length)
-    try:
-        header = json.loads(raw[8 : 8 + length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{name}: corrupt safetensors header: {e}", file=name) from e
-    infos = {}
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        info = _tensor_info(Path(name), key, entry, 8 + length)
-        if info.offsets[1] > size:
-            raise CheckpointError(
-                f"{name}: tensor {key} needs bytes up to {info.offsets[1]} but the file on "
-                f"the Hub holds {size}",
-                tensor=key,
-                file=name,
-            )
-        infos[key] = info
-    return infos
+    return parse_header(Path(name), raw[8 : 8 + length], 8 + length, size)
 
 
 def plan_for(ckpt, dtype: str | None = None):

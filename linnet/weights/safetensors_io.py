@@ -112,9 +112,39 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             raw = f.read(length)
     except OSError as e:
         raise CheckpointError(f"{file}: cannot read: {e.strerror or e}", file=str(file)) from e
+    return parse_header(file, raw, 8 + length, size)
+
+
+def parse_header(file: Path, raw: bytes, data_start: int, size: int) -> dict[str, TensorInfo]:
+    """The tensors a header's JSON (`raw`) declares, each checked, and their byte ranges
+    checked as the format requires: unique names, and ranges that tile the data from its
+    start to the end of the file, with no overlap and no gap."""
+    header = _header_json(file, raw)
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        infos[name] = _tensor_info(file, name, entry, data_start)
+    _check_layout(file, sorted(infos.values(), key=lambda t: t.offsets), data_start, size)
+    return infos
+
+
+def _unique_keys(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(map(repr, twice))} listed twice")
+    return dict(pairs)
+
+
+def _header_json(file: Path, raw: bytes) -> dict:
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise CheckpointError(
+            f"{file}: corrupt safetensors header (nested too deeply)", file=str(file)
+        ) from None
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise CheckpointError(
             f"{file}: corrupt safetensors header (not valid JSON: {e})", file=str(file)
         ) from e
@@ -122,25 +152,37 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(
             f"{file}: corrupt safetensors header (not a JSON object)", file=str(file)
         )
+    return header
 
-    data_start = 8 + length
-    data_size = size - data_start
-    infos: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        infos[name] = _tensor_info(file, name, entry, data_start)
 
-    # A truncated file: name the first tensor (in file order) whose bytes do not all fit.
-    for info in sorted(infos.values(), key=lambda t: t.offsets):
-        if info.offsets[1] - data_start > data_size:
+def _check_layout(file: Path, infos: list[TensorInfo], data_start: int, size: int) -> None:
+    """`infos` in file order: each tensor's bytes present, then no overlap, gap or tail."""
+    for info in infos:  # a truncated file: name the first tensor whose bytes do not all fit
+        if info.offsets[1] > size:
             raise CheckpointError(
                 f"{file}: truncated: tensor {info.name} needs bytes up to "
                 f"{info.offsets[1]} but the file holds only {size} bytes",
                 tensor=info.name,
                 file=str(file),
             )
-    return infos
+    at = data_start
+    for info in infos:
+        if info.offsets[0] != at:
+            what = "overlaps the tensor before it" if info.offsets[0] < at else "leaves a gap"
+            raise CheckpointError(
+                f"{file}: corrupt safetensors header: tensor {info.name}'s data_offsets "
+                f"{what} (it starts at byte {info.offsets[0] - data_start} of the data, "
+                f"the tensors before it end at {at - data_start})",
+                tensor=info.name,
+                file=str(file),
+            )
+        at = info.offsets[1]
+    if at != size:
+        raise CheckpointError(
+            f"{file}: corrupt safetensors header: the tensors' data ends at byte "
+            f"{at} but the file holds {size}",
+            file=str(file),
+        )
 
 
 def _tensor_info(file: Path, name: str, entry: Any, data_start: int) -> TensorInfo:
