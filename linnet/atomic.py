@@ -6,7 +6,10 @@
 
 The temporary name is hidden (`.NAME.partial-PID-XXXX`) in the target's folder, so the
 rename never crosses a filesystem. An interrupted write leaves only that temporary,
-never a file under the final name that looks complete.
+never a file under the final name that looks complete; the next write to the same target
+removes the temporaries of processes that are gone. A write the system refuses (a
+read-only folder, a parent that is a file, a full disk) is an `OutputError` naming the
+target, not an OSError traceback.
 """
 
 from __future__ import annotations
@@ -23,8 +26,44 @@ from linnet.errors import LinnetError
 PARTIAL = ".partial-"
 
 
+class OutputError(LinnetError):
+    """The system refused to write an output: the target and the reason."""
+
+
+def _output_error(final: Path, err: OSError) -> OutputError:
+    return OutputError(f"{final}: cannot write it: {err.strerror or err}")
+
+
+def _is_output(err: OSError, final: Path, tmp: Path) -> bool:
+    """An OSError about the output (a write has no file name; a path under the target's
+    folder), not about an input the block was reading."""
+    if err.filename is None:
+        return True
+    name = Path(os.fsdecode(err.filename))
+    return name == final or name.is_relative_to(tmp) or name.parent == final.parent
+
+
 def temp_name(final: Path) -> Path:
     return final.parent / f".{final.name}{PARTIAL}{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale(final: Path) -> None:
+    """Temporaries of `final` left by processes that are gone (a kill mid-write)."""
+    prefix = f".{final.name}{PARTIAL}"
+    for path in final.parent.glob(f"{prefix}*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            _remove(path)
 
 
 def _remove(path: Path) -> None:
@@ -54,11 +93,15 @@ def atomic_path(
     """Yield a temporary path (a created folder if `is_dir`) that becomes `final` when the
     block ends without an exception; otherwise the temporary is removed."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    check_target(final, is_dir=is_dir, overwrite=overwrite)
-    tmp = temp_name(final)
-    if is_dir:
-        tmp.mkdir()
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        check_target(final, is_dir=is_dir, overwrite=overwrite)
+        remove_stale(final)
+        tmp = temp_name(final)
+        if is_dir:
+            tmp.mkdir()
+    except OSError as err:
+        raise _output_error(final, err) from err
     try:
         yield tmp
         if is_dir:
@@ -66,6 +109,11 @@ def atomic_path(
             _replace_dir(tmp, final)
         else:
             os.replace(tmp, final)
+    except OSError as err:
+        _remove(tmp)
+        if not _is_output(err, final, tmp):
+            raise
+        raise _output_error(final, err) from err
     except BaseException:
         _remove(tmp)
         raise
