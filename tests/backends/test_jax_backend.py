@@ -30,6 +30,9 @@ from linnet.backends.jax.runners import ExportRunner, JitRunner  # noqa: E402
 from linnet.errors import LinnetError, RuntimeGuardError  # noqa: E402
 from linnet.ir.library import rope_tables  # noqa: E402
 from linnet.source import Source  # noqa: E402
+
+# the snapshot configs the PyTorch snapshots use, so both backends print the same models
+from tests.backends.test_torch_backend import GOLDEN_DIR, TINY  # noqa: E402
 from tests.checkpoints import (  # noqa: E402
     probe_ids,
     reference_greedy,
@@ -50,22 +53,6 @@ FAST_VARIANTS = [
     ("GPT2LMHeadModel", "base"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN_DIR = ROOT / "tests" / "golden"
-TINY = {
-    "llama": dict(
-        vocab=64,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv=2,
-        ffn=48,
-        max_positions=32,
-        act="f32",
-        rope_scaling="default",
-        window=6,
-    ),
-    "gpt2": dict(vocab=64, dim=32, n_layers=2, n_heads=4, n_positions=32, act="f32"),
-}
 
 
 def _close(name: str, got, want, tol: float) -> float:
