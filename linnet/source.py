@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from linnet.check.config import resolve_config
+from linnet.check.config import ParamLimitError, resolve_config
 from linnet.check.elaborate import Elaborator, check_source
 from linnet.check.values import BlockInfo, Frame
 from linnet.core.diagnostics import DiagnosticError
@@ -84,24 +84,30 @@ class Source:
         names = [f.name for f in self.module.fns if f.kind == "entry" and elab.entry_exists(f)]
         return list(dict.fromkeys(names))
 
-    def config(self, overrides: dict | None = None) -> dict:
-        return resolve_config(self.module, overrides)
+    def config(self, overrides: dict | None = None, origins: dict | None = None) -> dict:
+        """Concrete config values; `origins` names where an override came from
+        (`dim` -> "config.json: hidden_size") so that errors point there."""
+        return resolve_config(self.module, overrides, origins)
 
-    def params(self, config: dict) -> ParamLayout:
+    def params(self, config: dict, max_params: int | None = None) -> ParamLayout:
+        """The param layout for `config`. `max_params` stops a config whose block counts
+        ask for more params than can exist (a ParamLimitError naming the block)."""
         try:
             elab = Elaborator(self.module, config)
         except DiagnosticError as err:
             raise SourceError([err.diagnostic]) from None
         layout = ParamLayout({}, {})
-        self._collect(elab, elab.param_tree, "", layout)
+        self._collect(elab, elab.param_tree, "", layout, max_params)
         return layout
 
-    def _collect(self, elab: Elaborator, tree: dict, prefix: str, layout: ParamLayout) -> None:
+    def _collect(self, elab, tree: dict, prefix: str, layout: ParamLayout, limit) -> None:
         for name, node in tree.items():
             if isinstance(node, BlockInfo):
                 for i in range(node.count.value):
                     members = node.members_at(Poly.const(i))
-                    self._collect(elab, members, f"{prefix}{name}.{i}.", layout)
+                    self._collect(elab, members, f"{prefix}{name}.{i}.", layout, limit)
+                    if limit is not None and len(layout.shapes) > limit:
+                        raise ParamLimitError(self.module.path, prefix + name, node, limit)
                 continue
             own = getattr(node, "frame", None) or Frame(None)  # binds a block's `as` index
             cond = True if node.cond is None else elab.expr(node.cond, own).value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from linnet.errors import ConfigError
 from linnet.ir.types import DTYPES
 from linnet.syntax import ast as A
@@ -9,9 +11,26 @@ from linnet.syntax import ast as A
 PY_TYPES = {"int": int, "float": (float, int), "bool": bool, "str": str, "dtype": str}
 
 
-def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
-    """Concrete config values: each field from `overrides` or its default."""
+class ParamLimitError(ConfigError):
+    """A block count (`layers[n_layers]`) asks for more params than `limit`: a config that
+    does not describe the checkpoint, stopped before it builds millions of names."""
+
+    def __init__(self, path: str, block: str, info, limit: int):
+        count = info.decl.count
+        self.block = block
+        self.count = info.count.value
+        self.field = count.id if isinstance(count, A.Name) else None
+        self.limit = limit
+        super().__init__(f"{path}: `{block}[{self.count}]` needs more than {limit} params")
+
+
+def resolve_config(
+    module: A.Module, overrides: dict | None = None, origins: dict | None = None
+) -> dict:
+    """Concrete config values: each field from `overrides` or its default. `origins` maps
+    a field to where its override was read ("config.json: hidden_size"), for errors."""
     overrides = dict(overrides or {})
+    origins = origins or {}
     unknown = set(overrides) - {f.name for f in module.fields}
     if unknown:
         raise ConfigError(
@@ -21,7 +40,7 @@ def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
     env: dict = {}
     for f in module.fields:
         if f.name in overrides:
-            env[f.name] = _coerce(module, f, overrides[f.name])
+            env[f.name] = _coerce(module, f, overrides[f.name], origins.get(f.name))
         elif f.default is not None:
             env[f.name] = _coerce(module, f, _eval(module, f.default, env))
         else:
@@ -36,10 +55,15 @@ def resolve_config(module: A.Module, overrides: dict | None = None) -> dict:
             holds = False
         if not holds:
             names = sorted(_names(r.cond) & set(env))
-            values = ", ".join(f"{n} = {env[n]!r}" for n in names)
+            values = ", ".join(_described(n, env[n], origins) for n in names)
             text = module.lines[r.span.line - 1].strip()
             raise ConfigError(f"{module.path}:{r.span.line}: config breaks `{text}` ({values})")
     return env
+
+
+def _described(name: str, value, origins: dict) -> str:
+    origin = origins.get(name)
+    return f"{name} = {value!r}" + (f" from {origin}" if origin else "")
 
 
 def list_length(f: A.Field) -> int | None:
@@ -50,27 +74,38 @@ def list_length(f: A.Field) -> int | None:
     return None
 
 
-def _coerce(module: A.Module, f: A.Field, value):
+def _coerce(module: A.Module, f: A.Field, value, origin: str | None = None):
+    """`value` checked against the field's declared type; an error names `origin` (where the
+    value was read) when there is one, else the source's field."""
+    what = f"{origin} (the source's `{f.name}`)" if origin else f"{module.path}: config `{f.name}`"
     n = list_length(f)
     if n is not None:
         if not isinstance(value, (list, tuple)) or len(value) != n:
-            raise ConfigError(
-                f"{module.path}: config `{f.name}` must be a list of {n} ints, got {value!r}"
-            )
+            raise ConfigError(f"{what} must be a list of {n} ints, got {value!r}")
         item = A.Field(f.span, f"{f.name}[i]", A.TypeRef(f.type.span, "int"), None)
-        return [_coerce(module, item, v) for v in value]
+        return [_coerce(module, item, v, origin) for v in value]
     kind = f.type.name
     if kind == "bool" and not isinstance(value, bool):
-        raise ConfigError(f"{module.path}: config `{f.name}` must be bool, got {value!r}")
+        raise ConfigError(f"{what} must be bool, got {value!r}")
     if kind != "bool" and (isinstance(value, bool) or not isinstance(value, PY_TYPES[kind])):
-        raise ConfigError(f"{module.path}: config `{f.name}` must be {kind}, got {value!r}")
+        raise ConfigError(f"{what} must be {kind}, got {value!r}")
     if kind == "dtype" and value not in DTYPES:
-        raise ConfigError(
-            f"{module.path}: config `{f.name}` must be one of {DTYPES}, got {value!r}"
-        )
+        raise ConfigError(f"{what} must be one of {DTYPES}, got {value!r}")
     if kind == "int" and value < 0:
-        raise ConfigError(f"{module.path}: config `{f.name}` must not be negative, got {value}")
-    return float(value) if kind == "float" else value
+        raise ConfigError(f"{what} must not be negative, got {value}")
+    if kind == "float":
+        return _finite(value, what)
+    return value
+
+
+def _finite(value, what: str) -> float:
+    try:
+        number = float(value)  # an int too large for a float overflows
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{what} must be a finite number, got {value}")
+    return number
 
 
 def _eval(module: A.Module, e: A.Expr, env: dict):

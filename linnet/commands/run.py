@@ -38,6 +38,14 @@ def _locate(target: str, checkpoint, revision):
             fail_hub(err)
 
 
+def _check_checkpoint(path) -> None:
+    """Config and headers checked by Linnet (each value's type, range and fit with the
+    tensors) before transformers reads anything: a bad value is our one-line error."""
+    from linnet.weights.checkpoint import open_checkpoint
+
+    open_checkpoint(path)
+
+
 class TextStream:
     """Prints generated tokens as they come: decodes everything so far and writes what is new,
     holding back an incomplete UTF-8 sequence (a token that ends in the middle of a character)."""
@@ -101,6 +109,7 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
     from linnet.parity import encode_prompts, load_tokenizer
 
     found = _locate(target, checkpoint, revision)
+    _check_checkpoint(found.checkpoint)
     tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
     if chat is None:
         chat = found.entry.chat if found.entry else bool(tokenizer.chat_template)
@@ -142,6 +151,7 @@ def parity(target, backend, dtype, prompts, results, checkpoint, revision) -> No
     from linnet.parity import format_table, run_gate, write_record
 
     found = _locate(target, checkpoint, revision)
+    _check_checkpoint(found.checkpoint)
     if found.entry is None:
         click.echo(
             f"note: {found.folder} matches no zoo entry; using the default prompts and tolerances",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from linnet.errors import CheckpointError
 from linnet.remote_code import refuse_remote_code
+from linnet.weights.jsonfile import check_json_companions
 
 
 def load_tokenizer(folder: Path, gguf_file: str | None = None):
@@ -20,9 +21,10 @@ def load_tokenizer(folder: Path, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
     refuse_remote_code(folder)
+    check_json_companions(folder)
     try:
         return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - any failure on a user's files is named, not raised
         why = str(err).strip().splitlines()[0].rstrip(" :") if str(err).strip() else repr(err)
         where = f"{folder}/{gguf_file}" if gguf_file else str(folder)
         raise CheckpointError(f"{where}: no tokenizer transformers can load ({why})") from err

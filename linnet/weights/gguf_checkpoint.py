@@ -25,6 +25,7 @@ import numpy as np
 
 from linnet.errors import CheckpointError, UnsupportedArchitecture
 from linnet.weights.casting import HF_NAMES
+from linnet.weights.gguf_header import check_gguf_header
 from linnet.weights.gguf_metadata import config_from_metadata, extra_rule, special_token_ids
 from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
 
@@ -44,6 +45,7 @@ def open_reader(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such GGUF file", file=str(path))
+    check_gguf_header(path)  # the gguf package trusts every count and offset it reads
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # the reader raises ValueError, struct errors, ...

@@ -58,8 +58,9 @@ def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:
     first), as the groups of a stream."""
     from linnet.weights.plan import make_plan
     from linnet.weights.plan_checks import GGUF_NAMES
+    from linnet.weights.planning import bounded_layout
 
-    layout = source.params(config)
+    layout = bounded_layout(source, config, ck, ck.weights_map)
     shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
     plan = make_plan(
         ck, ck.weights_map, shapes, layout.tied, config["act"], config={}, names=GGUF_NAMES

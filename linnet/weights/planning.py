@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 
+from linnet.check.config import ParamLimitError
 from linnet.core.dtypes import normalize_dtype
-from linnet.errors import CheckpointError
+from linnet.errors import CheckpointError, ConfigError
 from linnet.source import Source
 from linnet.weights.maps import WeightsMap, find_weights_map
 from linnet.weights.plan import Plan, make_plan
@@ -36,6 +37,22 @@ def source_for(weights_map: WeightsMap) -> Source:
     return Source.load(source_path(weights_map.source))
 
 
+def bounded_layout(source: Source, config: dict, ckpt, weights_map: WeightsMap, origins=None):
+    """The source's params for `config`, bounded by what the checkpoint can hold: each of its
+    tensors feeds at most as many params as the map's widest split, so a block count past
+    that (num_hidden_layers = 10**9) is refused before millions of names are made."""
+    tensors = len(ckpt.headers())
+    widest = max((len(rule.params) for rule in weights_map.rules), default=1)
+    try:
+        return source.params(config, max_params=widest * tensors)
+    except ParamLimitError as err:
+        origin = (origins or {}).get(err.field or "", f"config `{err.field or err.block}`")
+        raise ConfigError(
+            f"{origin} = {err.count} asks for `{err.block}[{err.count}]`, more params "
+            f"than the {tensors} tensors of the checkpoint can hold"
+        ) from None
+
+
 def plan_checkpoint(
     checkpoint, *, dtype=None, max_positions: int | None = None
 ) -> tuple[Plan, Source, dict, dict]:
@@ -44,9 +61,9 @@ def plan_checkpoint(
     ckpt = Checkpoint(checkpoint) if is_path else checkpoint
     hf_config = ckpt.read_config()
     archs = hf_config.get("architectures") or []
-    if not archs:
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise CheckpointError(
-            f"{ckpt.config_path}: no `architectures` field, so no weights map can be chosen",
+            f"{ckpt.config_path}: no `architectures` list naming the model class",
             file=str(ckpt.config_path),
         )
     weights_map = find_weights_map(archs[0])
@@ -57,8 +74,11 @@ def plan_checkpoint(
     overrides.setdefault("act", "f32")
     if "max_positions" in source.fields:  # a source with a cache: cap its length
         overrides["max_positions"] = cache_length(overrides, max_positions)
-    config = source.config(overrides)
-    layout = source.params(config)
+    origins = weights_map.config_origins(
+        hf_config, str(getattr(ckpt, "config_path", "config.json"))
+    )
+    config = source.config(overrides, origins)
+    layout = bounded_layout(source, config, ckpt, weights_map, origins)
     shapes = {name: tuple(d.value for d in t.shape) for name, t in layout.shapes.items()}
     plan = make_plan(ckpt, weights_map, shapes, layout.tied, config["act"], config=config)
     return plan, source, config, hf_config

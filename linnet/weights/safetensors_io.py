@@ -24,6 +24,7 @@ from typing import Any
 from linnet.core.dtypes import DTYPES
 from linnet.core.dtypes import FLOAT_DTYPES as LINNET_FLOATS
 from linnet.errors import CheckpointError, PickledCheckpoint
+from linnet.weights.jsonfile import read_json_object
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -324,16 +325,7 @@ class Checkpoint:
     def read_config(self) -> dict:
         """The parsed config.json."""
         if self._config is None:
-            try:
-                config = json.loads(self.config_path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise CheckpointError(
-                    f"{self.config_path}: unreadable config: {e}", file=str(self.config_path)
-                ) from e
-            if not isinstance(config, dict):
-                raise CheckpointError(
-                    f"{self.config_path}: not a JSON object", file=str(self.config_path)
-                )
+            config = read_json_object(self.config_path)
             self._config = config
         return self._config
 

@@ -35,6 +35,23 @@ class Computed:
             raise TypeError(f"computed field {self.name}: needs both read and write")
 
 
+def _int(config: Mapping, key: str, default: int) -> int:
+    """An integer field of config.json, strictly: true, 2.5 and "2" are errors, not 1, 2, 2."""
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"config.json: {key} must be an int, got {value!r}")
+    return value
+
+
+def _number(config: Mapping, key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"config.json: {key} must be a finite number, got {value!r}")
+    return value
+
+
 def _read_layer_types_window(config: Mapping, field_name: str) -> Any:
     """Qwen2/Qwen3: one sliding window for all layers, or none.
 
@@ -43,19 +60,23 @@ def _read_layer_types_window(config: Mapping, field_name: str) -> Any:
     `max_window_layers` on, and only when `use_sliding_window` is true. The Llama
     source has one window for every layer, so a mix is a ConfigError.
     """
-    n_layers = config.get("num_hidden_layers", 32)
+    n_layers = _int(config, "num_hidden_layers", 32)
     window = config.get("sliding_window", 4096)
     types = config.get("layer_types")
     if types is None:
         if not config.get("use_sliding_window", False) or window is None:
             return 0
-        first = config.get("max_window_layers", 28)
-        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+        first = _int(config, "max_window_layers", 28)
+        # the kinds of layers i >= first and i < first, without a list as long as n_layers
+        types = ["sliding_attention"] * (n_layers > max(first, 0))
+        types += ["full_attention"] * (min(first, n_layers) > 0)
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ConfigError(f"config.json: layer_types must be a list of strings, got {types!r}")
     kinds = set(types)
     if kinds <= {"full_attention"}:
         return 0
     if kinds == {"sliding_attention"} and window:
-        return int(window)
+        return _int(config, "sliding_window", 4096)
     raise ConfigError(
         f"config.json: layer_types mixes {sorted(kinds)} (sliding_window={window}); the source "
         f"has one attention window ({field_name}) for every layer"
@@ -71,7 +92,9 @@ def _write_layer_types_window(hf: dict, value: Any) -> None:
 def _read_num_labels(config: Mapping, field_name: str) -> Any:
     """Classifier outputs: transformers derives `num_labels` from `id2label`."""
     labels = config.get("id2label")
-    return len(labels) if labels else int(config.get("num_labels", 2))
+    if labels and not isinstance(labels, Mapping):
+        raise ConfigError(f"config.json: id2label must be an object, got {type(labels).__name__}")
+    return len(labels) if labels else _int(config, "num_labels", 2)
 
 
 def _write_num_labels(hf: dict, value: Any) -> None:
@@ -82,7 +105,7 @@ def _write_num_labels(hf: dict, value: Any) -> None:
 
 def _read_mlp_ratio_ffn(config: Mapping, field_name: str) -> Any:
     """DINOv2: the MLP width is int(hidden_size * mlp_ratio)."""
-    return int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
+    return int(_int(config, "hidden_size", 768) * _number(config, "mlp_ratio", 4))
 
 
 def _write_mlp_ratio_ffn(hf: dict, value: Any) -> None:
@@ -100,19 +123,26 @@ def _read_global_every(config: Mapping, field_name: str) -> Any:
     (and its models follow `layer_types`). The source expresses the every-n pattern only,
     so a `layer_types` that no n produces is a ConfigError.
     """
-    every = int(config.get("global_attn_every_n_layers", 3))
+    every = _int(config, "global_attn_every_n_layers", 3)
     types = config.get("layer_types")
     if types is None:
         return every
+    if not isinstance(types, list):
+        raise ConfigError(f"config.json: layer_types must be a list, got {types!r}")
     n_layers = len(types)
-    for n in [every, *range(1, n_layers + 1)]:  # the stated n first, else the n that fits
-        pattern = ["sliding_attention" if i % n else "full_attention" for i in range(n_layers)]
-        if list(types) == pattern:
+    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    # the stated n first, else the only n that can fit: the second global layer's index
+    for n in [every, full[1] if len(full) > 1 else max(n_layers, 1)]:
+        if n > 0 and types == _global_every(n, n_layers):
             return n
     raise ConfigError(
         f"config.json: layer_types {list(types)} is not global attention every n layers; "
         f"the source's {field_name} expresses only that pattern"
     )
+
+
+def _global_every(n: int, n_layers: int) -> list[str]:
+    return ["sliding_attention" if i % n else "full_attention" for i in range(n_layers)]
 
 
 def _write_global_every(hf: dict, value: Any) -> None:
@@ -122,7 +152,10 @@ def _write_global_every(hf: dict, value: Any) -> None:
 def _read_resnet_widths(config: Mapping, field_name: str) -> Any:
     """ResNet: the stem's width (`embedding_size`), then each stage's (`hidden_sizes`)."""
     sizes = config.get("hidden_sizes", [256, 512, 1024, 2048])
-    return [int(config.get("embedding_size", 64)), *map(int, sizes)]
+    if not isinstance(sizes, list):
+        raise ConfigError(f"config.json: hidden_sizes must be a list of ints, got {sizes!r}")
+    stages = {f"hidden_sizes[{i}]": v for i, v in enumerate(sizes)}
+    return [_int(config, "embedding_size", 64), *(_int(stages, k, 0) for k in stages)]
 
 
 def _write_resnet_widths(hf: dict, value: Any) -> None:

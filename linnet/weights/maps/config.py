@@ -72,7 +72,10 @@ class FieldSpec:
     def resolve(self, config: Mapping, arch: str) -> Any:
         """The source value, or `MISSING` to leave the source default."""
         if self.computed is not None:
-            return self.computed.read(config, self.name)
+            try:
+                return self.computed.read(config, self.name)
+            except (TypeError, ValueError, OverflowError) as err:  # a value of the wrong kind
+                raise ConfigError(f"config.json: cannot compute `{self.name}`: {err}") from None
         value, where = self._found(config)
         if value is MISSING or self.map is None:
             return value
@@ -140,6 +143,17 @@ def translate(
         if value is not MISSING:
             out[name] = value
     out.update(const)
+    return out
+
+
+def origins(fields: Mapping[str, FieldSpec], hf_config: Mapping, file: str) -> dict[str, str]:
+    """Where each source field's value was read: {"dim": "config.json: hidden_size"}, for
+    errors that name the field a user can fix (computed fields have no one path)."""
+    out = {}
+    for name, spec in fields.items():
+        found = next((p for p in spec.paths if lookup(hf_config, p) is not MISSING), None)
+        if found is not None:
+            out[name] = f"{file}: {found}"
     return out
 
 

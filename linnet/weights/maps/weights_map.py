@@ -157,6 +157,10 @@ class WeightsMap:
         a field with no value and no default is left out, so the source default applies)."""
         return cfg.translate(self.fields, self.const, self.require, hf_config, self.architecture)
 
+    def config_origins(self, hf_config: Mapping, file: str = "config.json") -> dict[str, str]:
+        """{source field: "config.json: its HF path"} for the fields this config sets."""
+        return cfg.origins(self.fields, hf_config, file)
+
     def config_to_hf(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Source config values -> a config.json dict that `translate_config` reads back to
         the same values (fields the map does not name are left out)."""
