@@ -92,7 +92,7 @@ def plan(path: Path, dtype: str | None) -> None:
         click.echo(f"\n{len(result.problems)} problem(s):", err=True)
         for problem in result.problems:
             click.echo(f"  {problem}", err=True)
-        sys.exit(1)
+        _fail(f"{path}: {len(result.problems)} problem(s), the first: {result.problems[0]}")
 
 
 # Commands defined in their own modules (linnet/commands/*.py) register here, one line each.

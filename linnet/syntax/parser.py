@@ -422,6 +422,8 @@ class Parser:
         t = self.tok
         span = self.span(t)
         if t.kind == "int":
+            if len(t.text) > MAX_DIGITS:  # int() refuses past 4300 digits; no size needs 20
+                self.fail(f"a number of {len(t.text)} digits is not a size or a count", t)
             self.advance()
             return A.Num(span, int(t.text))
         if t.kind == "float":
@@ -457,9 +459,16 @@ def _join(a: A.Span, b: A.Span) -> A.Span:
     return A.Span(a.line, a.col, b.end_col if b.line == a.line else a.end_col)
 
 
+MAX_DIGITS = 100
+
+
 def parse(text: str, path: str = "<source>") -> A.Module:
     """Parse a source; raises DiagnosticError at the first syntax error."""
-    return Parser(text.replace("\r\n", "\n"), path).module()
+    parser = Parser(text.replace("\r\n", "\n"), path)
+    try:
+        return parser.module()
+    except RecursionError:  # brackets nested past Python's stack: an error at the deepest one
+        parser.fail("expression nested too deeply")
 
 
 def parse_file(path: str | Path) -> A.Module:

@@ -60,7 +60,9 @@ def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:
     from linnet.weights.plan_checks import GGUF_NAMES
     from linnet.weights.planning import bounded_layout
 
-    layout = bounded_layout(source, config, ck, ck.weights_map)
+    spec = ck.weights_map.gguf
+    origins = {k.field: f"{ck.path}: {spec.key(pattern)}" for pattern, k in spec.metadata.items()}
+    layout = bounded_layout(source, config, ck, ck.weights_map, origins)
     shapes = {n: tuple(d.value for d in t.shape) for n, t in layout.shapes.items()}
     plan = make_plan(
         ck, ck.weights_map, shapes, layout.tied, config["act"], config={}, names=GGUF_NAMES

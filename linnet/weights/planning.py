@@ -37,14 +37,17 @@ def source_for(weights_map: WeightsMap) -> Source:
     return Source.load(source_path(weights_map.source))
 
 
+SPARE_PARAMS = 10_000
+
+
 def bounded_layout(source: Source, config: dict, ckpt, weights_map: WeightsMap, origins=None):
     """The source's params for `config`, bounded by what the checkpoint can hold: each of its
     tensors feeds at most as many params as the map's widest split, so a block count past
     that (num_hidden_layers = 10**9) is refused before millions of names are made."""
     tensors = len(ckpt.headers())
     widest = max((len(rule.params) for rule in weights_map.rules), default=1)
-    try:
-        return source.params(config, max_params=widest * tensors)
+    try:  # (with room to spare, so that the plan itself names a few missing tensors)
+        return source.params(config, max_params=widest * tensors + SPARE_PARAMS)
     except ParamLimitError as err:
         origin = (origins or {}).get(err.field or "", f"config `{err.field or err.block}`")
         raise ConfigError(

@@ -42,6 +42,8 @@ DTYPE_BITS: dict[str, int] = {
     "F8_E4M3": 8,
     "F8_E5M2": 8,
     "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
     "I16": 16,
     "U16": 16,
     "F16": 16,
@@ -124,10 +126,22 @@ def parse_header(file: Path, raw: bytes, data_start: int, size: int) -> dict[str
     infos: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
+            _check_metadata(file, entry)
             continue
         infos[name] = _tensor_info(file, name, entry, data_start)
     _check_layout(file, sorted(infos.values(), key=lambda t: t.offsets), data_start, size)
     return infos
+
+
+def _check_metadata(file: Path, metadata: Any) -> None:
+    """The format's `__metadata__` is a map of strings to strings."""
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise CheckpointError(
+            f"{file}: corrupt safetensors header (__metadata__ must map strings to strings)",
+            file=str(file),
+        )
 
 
 def _unique_keys(pairs: list) -> dict:
@@ -213,13 +227,16 @@ def _tensor_info(file: Path, name: str, entry: Any, data_start: int) -> TensorIn
     ):
         raise bad(f"data_offsets {offsets!r} is not a [begin, end] pair")
     bits = DTYPE_BITS.get(dtype)
-    if bits is not None:
-        want = math.prod(shape) * bits
-        if want % 8 == 0 and want // 8 != offsets[1] - offsets[0]:
-            raise bad(
-                f"{dtype}{list(shape)} needs {want // 8} bytes but data_offsets span "
-                f"{offsets[1] - offsets[0]}"
-            )
+    if bits is None:
+        raise bad(f"dtype {dtype!r} is not a safetensors dtype ({', '.join(DTYPE_BITS)})")
+    want = math.prod(shape) * bits
+    if want % 8:
+        raise bad(f"{dtype}{list(shape)} is {want} bits, not a whole number of bytes")
+    if want // 8 != offsets[1] - offsets[0]:
+        raise bad(
+            f"{dtype}{list(shape)} needs {want // 8} bytes but data_offsets span "
+            f"{offsets[1] - offsets[0]}"
+        )
     return TensorInfo(
         name=name,
         dtype=dtype,
