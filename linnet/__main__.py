@@ -1,0 +1,5 @@
+"""`python -m linnet`: the same command line as `linnet`."""
+
+from linnet.cli import main
+
+main()
