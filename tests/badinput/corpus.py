@@ -273,6 +273,7 @@ _config_case("hidden_size", "config_hidden_size_a_string", "run", hidden_size="6
 _config_case("hidden_size", "config_hidden_size_a_list", intermediate_size=[1], hidden_size=[64])
 _config_case("rms_norm_eps", "config_eps_nan", "run", rms_norm_eps=float("nan"))
 _config_case("rms_norm_eps", "config_eps_infinite", rms_norm_eps=float("inf"))
+_config_case("rms_norm_eps", "config_eps_nan_onnx", "onnx", rms_norm_eps=float("nan"))
 _config_case("rope_theta", "config_rope_theta_overflows", rope_parameters=None, rope_theta=10**400)
 _config_case("num_attention_heads", "config_heads_do_not_divide", "run", num_attention_heads=3)
 _config_case("num_key_value_heads", "config_kv_heads_zero", num_key_value_heads=0)
@@ -610,6 +611,12 @@ def _export(base, here, out: Path, kind: str = "hf", *extra: str, folder=None) -
 def out_an_existing_file(base, here):
     (here / "out").write_text("keep me")
     return _export(base, here, here / "out")
+
+
+@case("out")
+def out_onnx_an_existing_file(base, here):
+    (here / "out").write_text("keep me")
+    return _export(base, here, here / "out", "onnx")
 
 
 @case("out.gguf")
