@@ -13,7 +13,8 @@ ruff format --check $CODE
 ruff check $CODE
 python scripts/code_limits.py
 lint-imports
-python -m pytest -q -p no:cacheprovider "$@"
+# A skipped test fails the run (tests/skip_policy.py): only `gpu` tests may skip without a GPU.
+LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs "$@"
 # The JAX path in a virtual environment of its own, without torch.
 bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.

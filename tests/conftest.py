@@ -8,6 +8,9 @@
 
 A test that uses ``smollm2_checkpoint`` or ``chat_prompts`` (directly or through another
 fixture) is marked ``slow`` at collection, so ``-m "not slow"`` deselects it.
+
+With ``LINNET_STRICT_SKIPS=1`` (scripts/test.sh) or ``CI`` set, a skipped test fails the
+session unless it is a ``gpu`` test without a GPU (``tests/skip_policy.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from tests import skip_policy  # noqa: E402
+
 SLOW_FIXTURES = frozenset({"smollm2_checkpoint", "chat_prompts"})
+
+
+def pytest_configure(config):
+    skip_policy.pytest_configure(config)
 
 
 @pytest.hookimpl(tryfirst=True)

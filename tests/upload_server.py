@@ -12,8 +12,11 @@ The calls `create_repo` + `upload_folder` make, without Xet:
   POST /ORG/NAME.git/info/lfs/objects/batch        -> an upload href per object
   PUT  /lfs/OID                                    <- the object's bytes (sha256 checked)
   POST /api/models/ORG/NAME/commit/REV (ndjson)    -> {"commitUrl", "commitOid"}
-Anything else answers 404 and is recorded in `unknown`. Run it alone with
-`python tests/upload_server.py [PORT]`.
+Anything else answers 404 and is recorded in `unknown` (tests fail if it is not empty:
+the stand-in is only as good as the protocol it implements). What was committed reads back
+as the Hub serves it:
+  GET  /ORG/NAME/resolve/REV/PATH                  -> the file's bytes (404: never committed)
+Run it alone with `python tests/upload_server.py [PORT]`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import json
 import re
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -72,10 +77,35 @@ class Handler(BaseHTTPRequestHandler):
         self.hub.unknown.append((self.command, self.path))
         self._reply(404, {"error": f"not implemented: {self.command} {self.path}"})
 
+    def __getattr__(self, name: str):
+        if name.startswith("do_"):  # HEAD, DELETE, ...: a method the stand-in does not speak
+            return self._unknown_method
+        raise AttributeError(name)
+
+    def _unknown_method(self) -> None:
+        self.hub.calls.append((self.command, self.path))
+        self.hub.unknown.append((self.command, self.path))
+        self.close_connection = True  # no body for HEAD: end the exchange here
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:
         self.hub.calls.append(("GET", self.path))
         self._body()
-        self._unknown()
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.path.split("?")[0])
+        if not m:
+            return self._unknown()
+        repo, _revision, path = m.groups()  # one branch: every revision is the last commit
+        with self.hub.lock:
+            data = self.hub.files.get(repo, {}).get(urllib.parse.unquote(path))
+        if data is None:
+            return self._reply(404, {"error": f"{repo} has no {path}"})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_PUT(self) -> None:
         self.hub.calls.append(("PUT", self.path))
@@ -165,6 +195,13 @@ POST_ROUTES = (
     (r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", "_lfs_batch"),
     (r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", "_commit"),
 )
+
+
+def read_back(hub: Hub, repo: str, path: str, revision: str = "main") -> bytes:
+    """A committed file, fetched over HTTP as a pull would fetch it."""
+    quoted = urllib.parse.quote(path)
+    with urllib.request.urlopen(f"{hub.url}/{repo}/resolve/{revision}/{quoted}", timeout=30) as r:
+        return r.read()
 
 
 def _handler(hub: Hub) -> type[Handler]:

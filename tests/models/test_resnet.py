@@ -28,7 +28,7 @@ from linnet.source import Source  # noqa: E402
 from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.checkpoints import build_tiny_vision, vision_pixels  # noqa: E402
 from tests.converters.test_export_hf import assert_bit_exact  # noqa: E402
-from tests.models.test_vision import MEASURED, check  # noqa: E402
+from tests.models.test_vision import check  # noqa: E402
 
 F32_TOL = 1e-4
 FAST_TOL = 1e-3
@@ -143,9 +143,3 @@ def test_a_layer_too_many_fails_at_the_plan(built, tmp_path):
     plan, *_ = plan_checkpoint(bad)
     with pytest.raises(CheckpointError, match=extra.replace(".", r"\.")):
         plan.check()
-
-
-def test_report_measured_deltas():
-    for name, delta in sorted(MEASURED.items()):
-        if name.startswith("ResNet"):
-            print(f"  {name:60s} {delta:.2e}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ from tests.checkpoints import (  # noqa: E402
     CHAT_MESSAGES,
     MIN_LOGIT_GAP,
     PROBE_NEW_TOKENS,
+    SMOLLM2_DIRNAME,
     TINY_CONFIGS,
     TINY_EDGES,
     build_smollm2,
@@ -29,6 +29,7 @@ from tests.checkpoints import (  # noqa: E402
     reference_greedy,
     reference_logits,
 )
+from tests.smollm2 import build_inputs, build_key  # noqa: E402
 
 VARIANTS = sorted(TINY_CONFIGS)
 IDS = [f"{a}-{v}" for a, v in VARIANTS]
@@ -437,10 +438,49 @@ def test_smollm2_first_token_agrees_with_llama_cpp(smollm2_checkpoint, chat_prom
         assert int(theirs.argmax()) == int(ours.argmax())
 
 
-def test_smollm2_build_is_reused(smollm2_checkpoint):
+class Rebuilt(Exception):
+    """Raised by a stand-in for the GGUF load: the build did not reuse the cache."""
+
+
+def refuse_to_build(monkeypatch) -> None:
+    import tests.smollm2
+
+    def load():
+        raise Rebuilt
+
+    monkeypatch.setattr(tests.smollm2, "load_smollm2_gguf", load)
+
+
+def test_smollm2_build_is_reused(smollm2_checkpoint, monkeypatch):
     path = smollm2_checkpoint
     mtime = (path / "model.safetensors").stat().st_mtime_ns
-    t0 = time.perf_counter()
+    refuse_to_build(monkeypatch)  # reuse loads nothing
     assert build_smollm2(path.parent) == path
-    assert time.perf_counter() - t0 < 5
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+    recorded = json.loads((path / "linnet_build.json").read_text())
+    assert {k: recorded[k] for k in build_inputs()} == build_inputs()
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["builder_sha256", "source_sha256", "torch", "transformers", "gguf"],
+)
+def test_smollm2_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch, change):
+    """A folder built from other inputs is never reused: the key (its name) changes."""
+    import tests.smollm2
+
+    inputs = build_inputs()
+    cached = tmp_path / f"{SMOLLM2_DIRNAME}-{build_key(inputs)}"
+    cached.mkdir()
+    (cached / "linnet_build.json").write_text(json.dumps(inputs))
+    refuse_to_build(monkeypatch)
+    assert build_smollm2(tmp_path) == cached  # same inputs: reused, nothing loaded
+
+    changed = json.loads(json.dumps(inputs))
+    if change in changed:
+        changed[change] = "0" * 64
+    else:
+        changed["libraries"][change] += "+changed"
+    monkeypatch.setattr(tests.smollm2, "build_inputs", lambda: changed)
+    with pytest.raises(Rebuilt):
+        build_smollm2(tmp_path)

@@ -6,12 +6,12 @@ serves them on 127.0.0.1 (tests/hub_server.py). Every test pulls into its own HF
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -202,6 +202,63 @@ def test_offline_mode_uses_the_cache(env, hub, monkeypatch):
         pull("tiny-llama", revision="main", registry=env.registry)  # v2 was never pulled
 
 
+def cached_blob(folder: Path, name: str) -> Path:
+    return (folder / name).resolve()
+
+
+def tamper(blob: Path, name: str) -> None:
+    """Change a cached file so that it still parses: flip a safetensors file's last bytes
+    (tensor data, same size), append a space to a JSON file."""
+    data = bytearray(blob.read_bytes())
+    if name.endswith(".safetensors"):
+        data[-16:] = bytes(b ^ 0xFF for b in data[-16:])
+    else:
+        data += b" "
+    blob.write_bytes(bytes(data))
+
+
+def forget_listing(storage: Path, commit: str, monkeypatch) -> None:
+    """Drop the tree listing snapshot_download cached (on disk and in this process), so the
+    offline pull has only the blob's name, the etag the Hub served, to check against."""
+    from huggingface_hub import _tree_cache
+
+    (storage / "trees" / f"{commit}.json").unlink()
+    monkeypatch.setattr(_tree_cache, "_IN_MEMORY_TREE_CACHE", {})
+
+
+@pytest.mark.parametrize("listing", [True, False], ids=["listing", "etag"])
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_offline_pull_refuses_a_tampered_cached_file(env, hub, monkeypatch, name, listing):
+    """The offline pull checks the cache as the online one does: an LFS file against its
+    sha256, any other against its git blob sha1, from the cached listing or the blob's name."""
+    from huggingface_hub import constants
+
+    online = pull("tiny-llama", registry=env.registry)
+    blob = cached_blob(online.folder, name)
+    tamper(blob, name)
+    if not listing:
+        forget_listing(online.folder.parents[1], online.commit, monkeypatch)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing there
+    with pytest.raises(IntegrityError, match=f"^{name}: content does not match the Hub") as err:
+        pull("tiny-llama", registry=env.registry)
+    kind = "sha256" if name.endswith(".safetensors") else "git"  # LFS pointer, or git blob
+    assert err.value.exit_code == 5 and f": {kind} " in str(err.value)
+    assert not blob.exists() and not (online.folder / name).exists()  # nothing can use it
+
+
+def test_cli_offline_pull_refuses_a_tampered_cached_file(env, hub):
+    first = cli(env, "zoo", "pull", "test-org/tiny-llama", "--revision", "main")
+    assert first.returncode == 0, first.stderr
+    folder = env.cache / "models--test-org--tiny-llama" / "snapshots" / hub.v2
+    tamper(cached_blob(folder, "model.safetensors"), "model.safetensors")
+    done = cli(env, "zoo", "pull", "test-org/tiny-llama", "--revision", "main", offline=True,
+               endpoint=f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    assert "model.safetensors: content does not match the Hub" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_verified_files_are_not_hashed_again(env, monkeypatch):
     import linnet.hub as hub_module
 
@@ -220,13 +277,46 @@ def test_verified_files_are_not_hashed_again(env, monkeypatch):
 # -- planning before downloading ------------------------------------------------------------
 
 
-def test_misfit_repo_fails_before_any_weight_is_downloaded(env, hub):
-    t0 = time.perf_counter()
+def count_header_bytes(monkeypatch) -> dict[str, int]:
+    """Bytes that reach linnet.hub_remote's header reads over the wire, per URL (olah ignores
+    Range: only the reader's early stop keeps it from reading a whole file)."""
+    import huggingface_hub.utils as hf_utils
+
+    received: dict[str, int] = {}
+    real = hf_utils.get_session
+
+    class Counted:
+        def __init__(self, response, url):
+            self.response, self.url = response, url
+
+        def __getattr__(self, name):
+            return getattr(self.response, name)
+
+        def iter_bytes(self):
+            for chunk in self.response.iter_bytes():
+                received[self.url] = received.get(self.url, 0) + len(chunk)
+                yield chunk
+
+    class Session:
+        @contextlib.contextmanager
+        def stream(self, method, url, **kwargs):
+            with real().stream(method, url, **kwargs) as response:
+                yield Counted(response, url)
+
+    monkeypatch.setattr(hf_utils, "get_session", Session)
+    return received
+
+
+def test_misfit_repo_fails_before_any_weight_is_downloaded(env, hub, monkeypatch):
+    received = count_header_bytes(monkeypatch)
     with pytest.raises(CheckpointError) as err:
         pull("test-org/misfit", registry=env.registry)
     assert err.value.tensor == MISFIT_TENSOR
     assert MISFIT_TENSOR in str(err.value) and "[64, 128]" in str(err.value)
-    assert time.perf_counter() - t0 < 10
+    # The plan read a prefix of the weights (the header), not the file.
+    size = hub.hub.lfs_object("test-org/misfit", "model.safetensors").stat().st_size
+    assert [u.rsplit("/", 1)[-1] for u in received] == ["model.safetensors"]
+    assert 0 < sum(received.values()) < size // 2
     assert hub.misfit_sha not in blobs(env.cache, "test-org/misfit")
     snapshots = env.cache / "models--test-org--misfit" / "snapshots"
     assert not list(snapshots.rglob("*.safetensors"))
