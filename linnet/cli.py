@@ -100,12 +100,14 @@ def plan(path: Path, dtype: str | None) -> None:
 from linnet.commands.codegen import torch_command  # noqa: E402
 
 main.add_command(torch_command)
+from linnet.commands.chat import chat as chat_command  # noqa: E402
 from linnet.commands.run import parity as parity_command  # noqa: E402
 from linnet.commands.run import run as run_command  # noqa: E402
 from linnet.commands.zoo import zoo as zoo_group  # noqa: E402
 
 main.add_command(zoo_group)
 main.add_command(run_command)
+main.add_command(chat_command)
 main.add_command(parity_command)
 from linnet.commands.export import export as export_group  # noqa: E402
 from linnet.commands.export import push as push_command  # noqa: E402

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import click
 
+from linnet.commands.session import (
+    BACKEND_OPTION,
+    MODE_OPTION,
+    generate_streamed,
+    load_model,
+)
 from linnet.commands.zoo import fail_hub, warnings_to_stderr
 from linnet.errors import CheckpointError
 
@@ -101,14 +106,34 @@ def _generation_eos(path: Path):
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--chat/--no-chat", default=None, help="apply the chat template (default: if any)")
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
+@BACKEND_OPTION
+@MODE_OPTION
 @_CHECKPOINT
 @_REVISION
-def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> None:
+def run(target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, revision) -> None:
     """Generate text greedily with Linnet, streaming tokens as they come."""
-    import linnet.torch
-    from linnet.parity import encode_prompts, load_tokenizer
+    from linnet.parity import encode_prompts
 
     found = _locate(target, checkpoint, revision)
+    tokenizer, chat = open_tokenizer(found, chat)
+    ids = encode_prompts(tokenizer, [prompt], chat)[0]
+    model, load_s = load_model(
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype,
+        positions=ids.shape[-1] + max_new_tokens,
+    )  # fmt: skip
+    stream = TextStream(tokenizer)
+    eos = eos_ids(found.folder, tokenizer)
+    timing = generate_streamed(model, ids, max_new_tokens, eos=eos, stream=stream, load_s=load_s)
+    stream.out.write("\n")
+    stream.out.flush()
+    click.echo(timing.report(), err=True)
+
+
+def open_tokenizer(found, chat: bool | None):
+    """The checkpoint checked by Linnet, then its tokenizer; `chat` resolved (the entry's
+    choice, else whether the tokenizer has a template). Exits 2 for a chat without one."""
+    from linnet.parity import load_tokenizer
+
     _check_checkpoint(found.checkpoint)
     tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
     if chat is None:
@@ -116,22 +141,7 @@ def run(target, prompt, max_new_tokens, chat, dtype, checkpoint, revision) -> No
     if chat and not tokenizer.chat_template:
         click.echo(f"error: {found.folder} has no chat template; use --no-chat", err=True)
         sys.exit(2)
-    ids = encode_prompts(tokenizer, [prompt], chat)[0]
-    model = linnet.torch.load(
-        found.checkpoint, dtype=dtype, max_positions=ids.shape[-1] + max_new_tokens
-    )
-    stream = TextStream(tokenizer)
-    t0 = time.perf_counter()
-    model.generate(
-        ids, max_new_tokens, eos_token_id=eos_ids(found.folder, tokenizer), on_token=stream
-    )
-    seconds = time.perf_counter() - t0
-    stream.out.write("\n")
-    stream.out.flush()
-    click.echo(
-        f"({len(stream.ids)} tokens in {seconds:.1f} s, {len(stream.ids) / seconds:.1f} tokens/s)",
-        err=True,
-    )
+    return tokenizer, chat
 
 
 @click.command()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.badinput.corpus import CASES, Base, canary
+from tests.tiny_tokenizer import add_tiny_tokenizer
 
 SECONDS = 30
 MEMORY = 1 << 30
@@ -66,19 +67,6 @@ def run_linnet(argv: list[str], cwd: Path, fsize: int | None = None) -> Outcome:
             return Outcome(proc.returncode, out.read(), err.read(), rss, expired.is_set())
 
 
-def tiny_tokenizer(folder: Path) -> None:
-    """A byte-level BPE tokenizer (GPT-2 style, no merges) over the tiny model's 256 ids,
-    saved as transformers does: one token per byte, so any text encodes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def base(tiny_checkpoint, tmp_path_factory) -> Base:
     import linnet.gguf
@@ -86,7 +74,7 @@ def base(tiny_checkpoint, tmp_path_factory) -> Base:
     root = tmp_path_factory.mktemp("corpus-base")
     llama = root / "llama"
     shutil.copytree(tiny_checkpoint("LlamaForCausalLM"), llama)
-    tiny_tokenizer(llama)
+    add_tiny_tokenizer(llama)
     gguf = linnet.gguf.export(
         llama, root / "llama.gguf", dtype="f32", tokenizer=False, progress=False
     )

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import re
+import shutil
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from linnet.cli import main
 from linnet.commands.run import TextStream
 from tests.checkpoints import chat_prompt_ids, reference_greedy
+from tests.tiny_tokenizer import add_tiny_tokenizer
 
 PROMPT = "What is 2 plus 2?"
 
@@ -40,8 +44,16 @@ def test_run_plain_text_by_name_with_a_local_checkpoint(smollm2_checkpoint, toke
     import torch
 
     text = "The capital of France is"
-    done = run("smollm2-135m-instruct", "--checkpoint", str(smollm2_checkpoint), "--no-chat",
-               "--prompt", text, "--max-new-tokens", "8")  # fmt: skip
+    done = run(
+        "smollm2-135m-instruct",
+        "--checkpoint",
+        str(smollm2_checkpoint),
+        "--no-chat",
+        "--prompt",
+        text,
+        "--max-new-tokens",
+        "8",
+    )
     assert done.exit_code == 0, done.output
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     out = reference_greedy(smollm2_checkpoint, ids, 8, stop_at_eos=True)
@@ -104,3 +116,87 @@ def test_a_folder_without_a_tokenizer_is_one_error_line(tiny_checkpoint, command
     done = CliRunner().invoke(main, [command, str(folder), "--prompt", "hi"])
     assert done.exit_code == 1, done.output
     assert "tokenizer" in done.output and "Traceback" not in done.output
+
+
+BACKENDS = [
+    ["--backend", "torch", "--mode", "interpret"],
+    ["--backend", "torch"],
+    ["--backend", "jax"],
+    ["--backend", "onnx"],
+]
+
+
+@pytest.mark.parametrize("choice", BACKENDS, ids=lambda c: "-".join(c[1::2]))
+def test_run_on_each_backend_and_mode_matches_transformers(smollm2_checkpoint, tokenizer, choice):
+    """SmolLM2's real weights in f32: every backend and mode the CLI offers gives the text of
+    transformers' greedy generate, and reports load, first-token and decode times apart."""
+    done = run(str(smollm2_checkpoint), "--prompt", PROMPT, "--max-new-tokens", "12", *choice)
+    assert done.exit_code == 0, done.output
+    ids = chat_prompt_ids(tokenizer, [PROMPT])[0]
+    out = reference_greedy(smollm2_checkpoint, ids, 12, stop_at_eos=True)
+    assert (
+        done.stdout.strip()
+        == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    )
+    assert re.search(r"load [\d.]+ s; first token [\d.]+ s; \d+ tokens in [\d.]+ s", done.stderr)
+
+
+@pytest.fixture
+def tiny_chat(tiny_checkpoint, tmp_path):
+    """A tiny random Llama with a byte-level tokenizer and a chat template."""
+    folder = tmp_path / "tiny-chat"
+    shutil.copytree(tiny_checkpoint("LlamaForCausalLM"), folder)
+    return add_tiny_tokenizer(folder, chat=True)
+
+
+@pytest.mark.parametrize("mode", ["interpret", "generated", "compile"])
+def test_run_modes_on_a_tiny_checkpoint_match_transformers(tiny_chat, mode):
+    """Every PyTorch mode, compile included (SmolLM2's 30 layers compile for minutes)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat, trust_remote_code=False)
+    done = run(str(tiny_chat), "--prompt", "w7 w8 w9", "--max-new-tokens", "6", "--mode", mode)
+    assert done.exit_code == 0, done.output
+    ids = chat_prompt_ids(tok, ["w7 w8 w9"])[0]
+    out = reference_greedy(tiny_chat, ids, 6, stop_at_eos=True)
+    assert done.stdout.rstrip("\n") == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_mode_is_pytorchs_only(tiny_chat):
+    done = CliRunner().invoke(
+        main, ["run", str(tiny_chat), "--prompt", "hi", "--backend", "jax", "--mode", "compile"]
+    )
+    assert done.exit_code == 2 and "PyTorch" in done.output
+
+
+def greedy_answer(folder, tok, history, n):
+    ids = tok.apply_chat_template(
+        history, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    out = reference_greedy(folder, torch.tensor([list(ids)]), n, stop_at_eos=True)
+    return tok.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+
+def test_chat_keeps_the_history(tiny_chat):
+    """Two turns on standard input: each answer is transformers' greedy answer to the whole
+    conversation so far (the second prompt holds the first exchange); /reset forgets it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat, trust_remote_code=False)
+    turns = ["w7 w8 w9", "w10 w11", "/reset", "w10 w11"]
+    done = CliRunner().invoke(
+        main,
+        ["chat", str(tiny_chat), "--max-new-tokens", "5", "--system", "w3"],
+        input="\n".join(turns) + "\n",
+    )
+    assert done.exit_code == 0, done.output
+    history = [{"role": "system", "content": "w3"}]
+    want = []
+    for turn in ["w7 w8 w9", "w10 w11"]:
+        history.append({"role": "user", "content": turn})
+        want.append(greedy_answer(tiny_chat, tok, history, 5))
+        history.append({"role": "assistant", "content": want[-1]})
+    fresh = [{"role": "system", "content": "w3"}, {"role": "user", "content": "w10 w11"}]
+    want.append(greedy_answer(tiny_chat, tok, fresh, 5))
+    assert done.stdout == "".join(answer + "\n" for answer in want)
+    assert want[1] != want[2]  # the history changed the second answer
