@@ -56,6 +56,8 @@ def run_gate(
     with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
         gate.tmp = Path(tmp)
         figures = gate.run(prompts, ids, chat)
+    if not figures:  # fail closed: a gate that compared nothing has passed nothing
+        raise LinnetError(f"{gate.path}: the parity gate compared no output with transformers")
     return Report(
         entry=entry.name if entry else None,
         checkpoint=str(gate.path),
@@ -80,6 +82,17 @@ def tolerance_for(entry: Entry | None, kind: str, backend: str, dtype: str) -> T
     from linnet.zoo.registry import registry
 
     return registry().kind_defaults[kind].tolerance(backend, dtype)
+
+
+def check_inputs(prompts: list, ids: list) -> None:
+    """Fail closed on inputs that would compare nothing: no prompt, or one without tokens."""
+    if not ids:
+        raise LinnetError("no prompts to compare: the parity gate needs at least one")
+    if len(prompts) != len(ids):
+        raise LinnetError(f"{len(prompts)} prompt labels for {len(ids)} token id lists")
+    for label, t in zip(prompts, ids):
+        if t.shape[-1] == 0:
+            raise LinnetError(f"prompt {label!r} has no tokens: there is nothing to compare")
 
 
 @dataclass
@@ -129,6 +142,7 @@ class Gate:
             prompts, ids = self.tokenize(prompts, chat)
         else:
             prompts = prompts or [f"ids[{i}] ({t.shape[-1]} tokens)" for i, t in enumerate(ids)]
+        check_inputs(prompts, ids)
         measure = self.encoder if self.kind == "encoder" else self.decoder
         return measure(prompts, ids)
 
