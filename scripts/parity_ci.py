@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import torch  # noqa: E402
 from linnet.zoo.registry import registry  # noqa: E402
 from linnet.zoo.scaled import scaled_config  # noqa: E402
 
+from linnet.errors import LinnetError  # noqa: E402
 from linnet.parity import Report, run_gate, write_record  # noqa: E402
 from tests.smollm2 import build_smollm2  # noqa: E402
 from tests.tiny_decoders import draw_separated, probe_ids  # noqa: E402
@@ -108,6 +110,14 @@ def tiny_inputs(entry, folder: Path) -> dict:
     return {}
 
 
+def worst(values, least=False) -> float:
+    """The largest (or least) of some figures, NaN first: Python's max and min keep a NaN
+    only when it leads, and the table must not show a NaN run as a good one."""
+    values = list(values)
+    nan = [v for v in values if math.isnan(v)]
+    return nan[0] if nan else (min if least else max)(values)
+
+
 def row(report: Report) -> tuple[str, ...]:
     """One line per run: for decoders the same first token and the least top-5 overlap; for
     classifiers the rows whose top-1 class agrees; for encoders the least cosine."""
@@ -121,7 +131,7 @@ def row(report: Report) -> tuple[str, ...]:
         agree = f"{sum(f.top1 for f in top1)}/{sum(f.rows for f in top1)}"
     cosines = [f.cosine for f in figs if getattr(f, "cosine", None) is not None]
     if cosines:
-        last = f"cos {min(cosines):.8f}"
+        last = f"cos {worst(cosines, least=True):.8f}"
     return (
         report.entry or "?",
         report.kind,
@@ -129,11 +139,28 @@ def row(report: Report) -> tuple[str, ...]:
         report.backend,
         report.dtype,
         agree,
-        f"{max(f.max_abs for f in figs):.2e}",
-        f"{max(f.rel for f in figs):.2e}",
+        f"{worst(f.max_abs for f in figs):.2e}",
+        f"{worst(f.rel for f in figs):.2e}",
         last,
         f"{report.seconds:.1f}",
         "ok" if report.passed else "FAIL: " + "; ".join(f.why for f in figs if f.why),
+    )
+
+
+def error_row(entry, weights: str, backend: str, dtype: str, why: str) -> tuple[str, ...]:
+    """A run that raised instead of measuring: a failure with its reason."""
+    return (
+        entry.name,
+        entry.kind,
+        weights,
+        backend,
+        dtype,
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+        f"FAIL: {why}",
     )
 
 
@@ -146,6 +173,48 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), flush=True)
 
 
+class Runs:
+    """Every gate run's table row, and the reports to record; a run that raised or an entry
+    with nothing to run is a failed row (the gate fails closed)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, ...]] = []
+        self.reports: list[Report] = []
+
+    def gate(self, entry, folder: Path, weights: str, inputs: dict) -> None:
+        pairs = gates(entry)
+        if not pairs:
+            why = "no backend declares a tolerance: nothing to run"
+            return self.add_error(entry, weights, "-", "-", why)
+        for backend, dtype in pairs:
+            label = f"{entry.name} {weights} {backend} {dtype}"
+            try:
+                report = run_gate(folder, entry=entry, backend=backend, dtype=dtype,
+                                  weights=weights, **inputs)  # fmt: skip
+            except LinnetError as err:
+                self.add_error(entry, weights, backend, dtype, str(err))
+            else:
+                self.reports.append(report)
+                self.rows.append(row(report))
+            print(f"[parity-ci] {label}: {self.rows[-1][-1]}", flush=True)
+
+    def add_error(self, entry, weights, backend, dtype, why) -> None:
+        self.rows.append(error_row(entry, weights, backend, dtype, why))
+        if backend == "-":  # no gate to label it by
+            print(f"[parity-ci] {entry.name} {weights}: FAIL: {why}", flush=True)
+
+    @property
+    def failed(self) -> int:
+        return sum(not r[-1] == "ok" for r in self.rows)
+
+
+def selected(names) -> tuple[list, list[str]]:
+    """The ready entries named by --only (all when none), and the names that are none."""
+    ready = registry().ready()
+    unknown = [n for n in names or () if n not in {e.name for e in ready}]
+    return [e for e in ready if not names or e.name in names], unknown
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=None, help="records folder (default results/parity)")
@@ -153,43 +222,31 @@ def main(argv=None) -> int:
     parser.add_argument("--no-real", action="store_true", help="tiny random checkpoints only")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    entries = [e for e in registry().ready() if not args.only or e.name in args.only]
-    reports: list[Report] = []
+    entries, unknown = selected(args.only)
+    if unknown:
+        print(f"parity: {', '.join(map(repr, unknown))}: no ready zoo entry of that name",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    runs = Runs()
     with tempfile.TemporaryDirectory(prefix="linnet-parity-ci-") as tmp:
         for entry in entries:
             folder = build_tiny(entry, Path(tmp))
-            inputs = tiny_inputs(entry, folder)
-            for backend, dtype in gates(entry):
-                reports.append(
-                    run_gate(
-                        folder,
-                        entry=entry,
-                        backend=backend,
-                        dtype=dtype,
-                        weights="tiny-random",
-                        **inputs,
-                    )
-                )
-                label = f"{entry.name} tiny {backend} {dtype}"
-                print(f"[parity-ci] {label}: {row(reports[-1])[-1]}", flush=True)
+            runs.gate(entry, folder, "tiny-random", tiny_inputs(entry, folder))
     if not args.no_real:
         for name, build in REAL.items():
-            if args.only and name not in args.only:
-                continue
-            entry, folder = registry().get(name), build()
-            for backend, dtype in gates(entry):
-                reports.append(run_gate(folder, entry=entry, backend=backend, dtype=dtype))
-                label = f"{name} real {backend} {dtype}"
-                print(f"[parity-ci] {label}: {row(reports[-1])[-1]}", flush=True)
-    for report in reports:
+            if not args.only or name in args.only:
+                runs.gate(registry().get(name), build(), "real", {})
+    for report in runs.reports:
         write_record(report, args.results)
     print()
-    print_table([row(r) for r in reports])
-    failed = [r for r in reports if not r.passed]
-    where = args.results or "results/parity"
-    print(f"\nrecords in {where}/; {time.perf_counter() - t0:.0f} s in all")
-    print(f"parity: {len(reports) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    print_table(runs.rows)
+    print(f"\nrecords in {args.results or 'results/parity'}/; "
+          f"{time.perf_counter() - t0:.0f} s in all")  # fmt: skip
+    print(f"parity: {len(runs.rows) - runs.failed} passed, {runs.failed} failed")
+    if not runs.rows:
+        print("parity: no gate ran, so nothing passed", file=sys.stderr)
+        return 1
+    return 1 if runs.failed else 0
 
 
 if __name__ == "__main__":

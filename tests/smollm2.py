@@ -183,7 +183,7 @@ def _verify_saved(folder: Path, model, tok) -> float:
     with torch.no_grad():
         got = reloaded(input_ids=ids).logits
     max_diff = float((got - want).abs().max())
-    if max_diff > 1e-5:
+    if not max_diff <= 1e-5:  # NaN fails too
         raise RuntimeError(f"reloaded checkpoint differs from the GGUF model: {max_diff}")
     tok2 = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     if not tok2.chat_template:

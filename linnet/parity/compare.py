@@ -12,16 +12,34 @@ from linnet.parity.report import OutputFigures
 from linnet.zoo.registry import Tolerance
 
 
-def judge(f: OutputFigures, tolerance: Tolerance) -> OutputFigures:
-    """Set f.passed and f.why: max |Δ| and rel within the tolerance (NaN fails), the cosine
-    (where measured) at least the tolerance's, every row's top-1 class the same."""
-    why = []
-    if not f.max_abs <= tolerance.max_abs:
-        why.append(f"max|Δ| {f.max_abs:.3g} > {tolerance.max_abs:g}")
-    if not f.rel <= tolerance.rel:
-        why.append(f"rel {f.rel:.3g} > {tolerance.rel:g}")
+def nonfinite(got, want) -> list[str]:
+    """What is not a number in two torch tensors, said plainly (NaN also fails the bounds, but
+    "max|Δ| nan" alone does not say whose output broke)."""
+    out = []
+    for side, t in (("Linnet's", got), ("transformers'", want)):
+        bad = int((~t.isfinite()).sum())
+        if bad:
+            out.append(f"{side} output has {bad} NaN/inf of {t.numel()} values")
+    return out
+
+
+def beyond(max_abs: float, rel: float, tolerance: Tolerance) -> list[str]:
+    """max |Δ| and rel past the tolerance, said plainly; NaN fails (it is within nothing)."""
+    out = []
+    for name, value, limit in (("max|Δ|", max_abs, tolerance.max_abs), ("rel", rel, tolerance.rel)):
+        if not value <= limit:
+            out.append(f"{name} is NaN" if value != value else f"{name} {value:.3g} > {limit:g}")
+    return out
+
+
+def judge(f: OutputFigures, tolerance: Tolerance, problems=()) -> OutputFigures:
+    """Set f.passed and f.why: no `problems` (non-finite outputs), max |Δ| and rel within the
+    tolerance (NaN fails), the cosine (where measured) at least the tolerance's, every row's
+    top-1 class the same."""
+    why = list(problems) + beyond(f.max_abs, f.rel, tolerance)
     if f.cosine is not None and not f.cosine >= tolerance.cosine:
-        why.append(f"cosine {f.cosine:.8f} < {tolerance.cosine:g}")
+        why.append("cosine is NaN" if f.cosine != f.cosine else
+                   f"cosine {f.cosine:.8f} < {tolerance.cosine:g}")  # fmt: skip
     if f.top1 is not None and f.top1 < f.rows:
         why.append(f"top-1 class differs in {f.rows - f.top1} of {f.rows} rows")
     f.passed, f.why = not why, "; ".join(why)
@@ -43,4 +61,4 @@ def compare(got, want, label: str, output: str, tolerance: Tolerance, **extra) -
     delta = got - want
     rel = float(delta.norm() / want.norm().clamp_min(1e-30))
     f = OutputFigures(label, output, max_abs=float(delta.abs().max()), rel=rel, **extra)
-    return judge(f, tolerance)
+    return judge(f, tolerance, nonfinite(got, want))

@@ -9,6 +9,8 @@ Four figures: the same first greedy token (yes/no), max |Δ|, relative error
 
 from __future__ import annotations
 
+from linnet.errors import LinnetError
+from linnet.parity.compare import beyond, nonfinite
 from linnet.parity.report import PromptFigures
 from linnet.zoo.registry import Tolerance
 
@@ -22,6 +24,10 @@ def measure_decoder(model, reference, ids, tolerance: Tolerance, label: str) -> 
     got = torch.tensor(np.asarray(model.decode(ids, 0))[0]).float().to(ids.device)
     with torch.no_grad():
         want = reference(input_ids=ids.to(reference.device)).logits[0, -1].float().to(got.device)
+    if got.shape != want.shape:
+        raise LinnetError(
+            f"Linnet's logits have shape {tuple(got.shape)}, transformers' {tuple(want.shape)}"
+        )
     delta = got - want
     top5 = len(set(got.topk(5).indices.tolist()) & set(want.topk(5).indices.tolist()))
     f = PromptFigures(
@@ -34,19 +40,16 @@ def measure_decoder(model, reference, ids, tolerance: Tolerance, label: str) -> 
         rel=float(delta.norm() / want.norm().clamp_min(1e-30)),
         top5=top5,
     )
-    return judge_decoder(f, tolerance)
+    return judge_decoder(f, tolerance, nonfinite(got, want))
 
 
-def judge_decoder(f: PromptFigures, tolerance: Tolerance) -> PromptFigures:
-    """Set f.passed and f.why: the same first token, max |Δ| and rel within the tolerance
-    (NaN fails), at least the tolerance's top-5 overlap."""
-    why = []
+def judge_decoder(f: PromptFigures, tolerance: Tolerance, problems=()) -> PromptFigures:
+    """Set f.passed and f.why: no `problems` (non-finite logits), the same first token, max
+    |Δ| and rel within the tolerance (NaN fails), at least the tolerance's top-5 overlap."""
+    why = list(problems)
     if not f.same_token:
         why.append("first token differs")
-    if not f.max_abs <= tolerance.max_abs:  # NaN fails too
-        why.append(f"max|Δ| {f.max_abs:.3g} > {tolerance.max_abs:g}")
-    if not f.rel <= tolerance.rel:
-        why.append(f"rel {f.rel:.3g} > {tolerance.rel:g}")
+    why += beyond(f.max_abs, f.rel, tolerance)
     if f.top5 < tolerance.top5:
         why.append(f"top-5 {f.top5}/5 < {tolerance.top5}")
     f.passed, f.why = not why, "; ".join(why)

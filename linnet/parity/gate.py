@@ -52,10 +52,12 @@ def run_gate(
     if backend not in BACKENDS:
         raise LinnetError(f"backend {backend!r}: available are {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
-    gate = Gate.of(Path(folder), entry, backend, dtype, device, model)
+    gate = Gate.of(Path(folder), entry, backend, dtype, device, model, weights)
     with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
         gate.tmp = Path(tmp)
         figures = gate.run(prompts, ids, chat)
+    if not figures:  # fail closed: a gate that compared nothing has passed nothing
+        raise LinnetError(f"{gate.path}: the parity gate compared no output with transformers")
     return Report(
         entry=entry.name if entry else None,
         checkpoint=str(gate.path),
@@ -73,13 +75,27 @@ def run_gate(
     )
 
 
-def tolerance_for(entry: Entry | None, kind: str, backend: str, dtype: str) -> Tolerance:
-    """The entry's tolerance, else the registry's default for this kind of model."""
+def tolerance_for(
+    entry: Entry | None, kind: str, backend: str, dtype: str, weights: str = "real"
+) -> Tolerance:
+    """The entry's tolerance, else the registry's default for this kind of model (on tiny
+    random weights the tiny limits, where zoo/entries.toml states them)."""
     if entry is not None:
-        return entry.tolerance(backend, dtype)
+        return entry.tolerance(backend, dtype, weights)
     from linnet.zoo.registry import registry
 
-    return registry().kind_defaults[kind].tolerance(backend, dtype)
+    return registry().kind_defaults[kind].tolerance(backend, dtype, weights)
+
+
+def check_inputs(prompts: list, ids: list) -> None:
+    """Fail closed on inputs that would compare nothing: no prompt, or one without tokens."""
+    if not ids:
+        raise LinnetError("no prompts to compare: the parity gate needs at least one")
+    if len(prompts) != len(ids):
+        raise LinnetError(f"{len(prompts)} prompt labels for {len(ids)} token id lists")
+    for label, t in zip(prompts, ids):
+        if t.shape[-1] == 0:
+            raise LinnetError(f"prompt {label!r} has no tokens: there is nothing to compare")
 
 
 @dataclass
@@ -99,14 +115,14 @@ class Gate:
     tmp: Path = Path(".")
 
     @classmethod
-    def of(cls, path: Path, entry, backend: str, dtype: str, device: str, model) -> Gate:
+    def of(cls, path: Path, entry, backend, dtype, device, model, weights="real") -> Gate:
         """The gate of a checkpoint folder or .gguf file (its folder holds the tokenizer)."""
         from linnet.core.dtypes import normalize_dtype
 
         gguf = path if path.suffix == ".gguf" else None
         dtype = normalize_dtype(dtype)
         kind = entry.kind if entry else checkpoint_kind(path)
-        tolerance = tolerance_for(entry, kind, backend, dtype)
+        tolerance = tolerance_for(entry, kind, backend, dtype, weights)
         folder = path.parent if gguf else path
         return cls(path, folder, gguf, entry, kind, backend, dtype, device, tolerance, model)
 
@@ -129,6 +145,7 @@ class Gate:
             prompts, ids = self.tokenize(prompts, chat)
         else:
             prompts = prompts or [f"ids[{i}] ({t.shape[-1]} tokens)" for i, t in enumerate(ids)]
+        check_inputs(prompts, ids)
         measure = self.encoder if self.kind == "encoder" else self.decoder
         return measure(prompts, ids)
 

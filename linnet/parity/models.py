@@ -77,10 +77,19 @@ def load_reference(
 
         extra = dict(gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
     refuse_remote_code(folder)
+    if entry is not None and not entry.reference_class:
+        raise CheckpointError(
+            f"zoo entry {entry.name} names no reference class: the gate has nothing to "
+            "compare Linnet with"
+        )
     cls = _reference_class(folder, entry, kind)
-    model = cls.from_pretrained(
-        folder, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, **extra
-    )
+    try:
+        model = cls.from_pretrained(
+            folder, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, **extra
+        )
+    except (OSError, ValueError) as err:  # fail closed, naming the folder: no reference, no gate
+        why = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        raise CheckpointError(f"{folder}: transformers cannot load the reference ({why})") from err
     model = model.to(device)
     model.eval()
     if entry is not None and entry.reference_class != type(model).__name__:

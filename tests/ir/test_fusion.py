@@ -20,6 +20,7 @@ from linnet.backends.torch.codegen import lower_entries
 from linnet.ir.fusion import fuse_linears
 from linnet.ir.passes import dedupe_guards, verify
 from tests.checkpoints import build_tiny, probe_ids, reference_greedy, tiny_variants
+from tests.numeric import assert_close
 
 FUSED_TOL = 1e-5  # f32 logits, fused against unfused
 VARIANTS = tiny_variants()
@@ -71,16 +72,14 @@ def test_fused_logits_match_unfused(tiny, arch, variant, monkeypatch):
     monkeypatch.undo()
     assert ".wq_wk_wv" in fused.runner.text and ".wq_wk_wv" not in plain.runner.text
     ids = probe_ids(fused.config["vocab"])
-    delta = (fused.forward(ids) - plain.forward(ids)).abs().max().item()
-    assert delta <= FUSED_TOL, f"forward max |Δ| {delta:.3g}"
+    assert_close(fused.forward(ids), plain.forward(ids), atol=FUSED_TOL, what="forward")
     for model in (fused, plain):
         model.reset()
         model.decode(ids[:, :-2], 0)
     for pos in range(ids.shape[1] - 2, ids.shape[1]):
         a = fused.decode(ids[:, pos : pos + 1], pos)
         b = plain.decode(ids[:, pos : pos + 1], pos)
-        delta = (a - b).abs().max().item()
-        assert delta <= FUSED_TOL, f"decode at {pos}: max |Δ| {delta:.3g}"
+        assert_close(a, b, atol=FUSED_TOL, what=f"decode at {pos}")
     prompt = probe_ids(fused.config["vocab"], (1, 12), seed=3)
     want = reference_greedy(path, prompt, 8)
     assert fused.generate(prompt, 8)[:, : want.shape[1]].tolist() == want.tolist()

@@ -35,6 +35,7 @@ from linnet.ir.library import DECOMPOSITIONS  # noqa: E402
 from linnet.ir.ops import OPS  # noqa: E402
 from linnet.ir.passes import decompose, verify  # noqa: E402
 from linnet.ir.types import OpTypeError, TensorType  # noqa: E402
+from tests import numeric  # noqa: E402
 
 DTYPE_NAMES = {
     torch.float32: "f32",
@@ -86,21 +87,10 @@ def run_op(
 def assert_matches(
     got: torch.Tensor, want: torch.Tensor, what: str, *, atol: float, rtol: float = 0.0
 ) -> float:
-    """Shape, then dtype, then |got - want| <= atol + rtol * |want| elementwise."""
-    assert tuple(got.shape) == tuple(want.shape), (
-        f"{what}: shape {tuple(got.shape)}, reference {tuple(want.shape)}"
-    )
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, reference {want.dtype}"
-    delta = (got.double() - want.double()).abs()
-    max_abs = float(delta.max()) if delta.numel() else 0.0
+    """Shape, then dtype, then |got - want| <= atol + rtol * |want| elementwise (NaN fails)."""
+    max_abs = numeric.assert_close(got, want, atol=atol, rtol=rtol, what=what, dtype=True)
     MEASURED[what] = max(max_abs, MEASURED.get(what, 0.0))
     print(f"{what}: max |Δ| = {max_abs:.3e}")
-    bound = atol + rtol * want.double().abs()
-    bad = delta > bound
-    assert not bool(bad.any()), (
-        f"{what}: max |Δ| = {max_abs:.3e}, {int(bad.sum())} of {bad.numel()} elements past "
-        f"atol={atol:g} rtol={rtol:g}"
-    )
     return max_abs
 
 
@@ -118,6 +108,37 @@ def assert_bf16(got, want, what):
 def rand(*shape, dtype=torch.float32, scale=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def _with(value, index=1):
+    t = torch.ones(2, 3)
+    t.view(-1)[index] = value
+    return t
+
+
+@pytest.mark.parametrize(
+    "got, want, match",
+    [
+        (_with(math.nan), torch.ones(2, 3), "NaN in 1 actual"),
+        (torch.ones(2, 3), _with(math.nan), "NaN in 0 actual and 1 expected"),
+        (_with(math.nan), _with(math.nan), "NaN in 1 actual and 1 expected"),
+        (_with(math.inf), torch.ones(2, 3), "1 infinities do not match"),
+        (_with(math.inf), _with(-math.inf), "1 infinities do not match"),
+        (torch.ones(1, 3), torch.ones(2, 3), r"shape \(1, 3\), expected \(2, 3\)"),
+        (torch.ones(3), torch.ones(1, 3), "shape"),  # would broadcast
+        (torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(2, 3), "dtype bfloat16"),
+        (_with(1.0 + 2e-5), torch.ones(2, 3), "1 of 6 elements past atol=1e-05"),
+    ],
+)
+def test_the_comparison_fails_on_nan_infinities_shapes_dtypes_and_values(got, want, match):
+    with pytest.raises(AssertionError, match=match):
+        assert_matches(got, want, "harness", atol=1e-5)
+
+
+def test_the_comparison_passes_equal_infinities_and_values_within_the_bound():
+    assert assert_matches(_with(-math.inf), _with(-math.inf), "harness", atol=0.0) == 0.0
+    assert assert_matches(_with(2.0), _with(1.9), "harness", atol=0.0, rtol=0.1) > 0.09
+    MEASURED.pop("harness")
 
 
 # -- the tables ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from linnet.backends.torch import prelude as torch_prelude  # noqa: E402
 from linnet.ir.graph import Graph, GraphBuilder  # noqa: E402
 from linnet.ir.ops import OPS  # noqa: E402
 from tests.ir.test_ir_ops import rand, run_op, tensor_type  # noqa: E402
+from tests.numeric import assert_close  # noqa: E402
 
 CASES = {
     # name: (op, input shapes, attrs)
@@ -83,12 +84,8 @@ def jax_ns() -> dict:
 def close(got, want, what: str, tol: float) -> float:
     if not isinstance(got, torch.Tensor):
         got = torch.from_numpy(np.array(got, dtype=np.float32))
-    got, want = got.float(), want.float()
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {got.shape} vs {want.shape}"
-    delta = float((got.double() - want.double()).abs().max())
-    bound = tol * max(1.0, float(want.abs().max()))
-    assert delta <= bound, f"{what}: max |Δ| = {delta:.3e} > {bound:.1e}"
-    return delta
+    scale = max(1.0, float(want.float().abs().max()))  # a NaN in want fails below
+    return assert_close(got.float(), want.float(), atol=tol * scale, what=what)
 
 
 def test_every_op_has_a_jax_emitter():

@@ -27,6 +27,7 @@ from tests.checkpoints import (  # noqa: E402
     vision_pixels,
 )
 from tests.converters.test_export_hf import assert_bit_exact  # noqa: E402
+from tests.numeric import assert_close  # noqa: E402
 
 F32_TOL = 1e-4
 FAST_TOL = 1e-3
@@ -55,11 +56,8 @@ def references(vision_checkpoint):
 
 
 def check(name: str, got, want, tol: float) -> float:
-    assert tuple(got.shape) == tuple(want.shape), f"{name}: shape {got.shape} vs {want.shape}"
-    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} vs {want.dtype}"
-    delta = float((got - want).abs().max())
+    delta = assert_close(got, want, atol=tol, what=name, dtype=True)  # NaN fails
     print(f"{name}: max |Δ| = {delta:.2e}")
-    assert delta <= tol, f"{name}: max |Δ| = {delta:.2e} > {tol:g}"
     return delta
 
 

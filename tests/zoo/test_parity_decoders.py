@@ -20,6 +20,7 @@ from tests.checkpoints import (
     reference_logits,
     tiny_variants,
 )
+from tests.numeric import assert_close
 
 F32_TOL = 1e-4
 NEW_TOKENS = 8
@@ -27,12 +28,8 @@ VARIANTS = tiny_variants()
 
 
 def _close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> float:
-    """Assert shape, then dtype, then values; return max |Δ|."""
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
-    delta = (got - want).abs().max().item()
-    assert delta <= tol, f"{name}: max |Δ| {delta:.3g} > {tol}"
-    return delta
+    """Assert shape, then dtype, then values (NaN fails); return max |Δ|."""
+    return assert_close(got, want, atol=tol, what=name, dtype=True)
 
 
 @pytest.fixture(scope="module")
