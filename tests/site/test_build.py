@@ -168,3 +168,14 @@ def test_build_never_empties_a_folder_it_did_not_write(parity_records, tmp_path)
     done = run_linnet("site", "build", "--out", str(keep), "--results", str(parity_records))
     assert done.returncode == 1 and "not an earlier site build" in done.stderr
     assert (keep / "notes.txt").read_text() == "mine"
+
+
+def test_a_record_names_the_command_as_a_user_typed_it():
+    from linnet.parity.records import command
+
+    assert command(["/x/.venv/bin/linnet", "parity", "gpt2", "--dtype", "bf16"]) == (
+        "linnet parity gpt2 --dtype bf16"
+    )
+    assert command(["scripts/parity_ci.py", "--only", "a b"]) == (
+        "python scripts/parity_ci.py --only 'a b'"
+    )
