@@ -87,7 +87,7 @@ def language_html(path: Path) -> tuple[str, list[tuple[str, str, int]]]:
     toc, seen = [], set()
     for i, tok in enumerate(tokens):
         if tok.type == "heading_open":
-            text = tokens[i + 1].content
+            text = "".join(c.content for c in tokens[i + 1].children or [])  # no markup
             slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
             while slug in seen:
                 slug += "-"

@@ -12,6 +12,8 @@ from markupsafe import Markup, escape
 
 from linnet.syntax.lexer import KEYWORDS
 
+#: Words the parser reads as keywords at the start of a line though they may name fields too.
+SOFT_KEYWORDS = ("dim", "as")
 DTYPES = ("f32", "f16", "bf16", "i64", "i32", "bool", "int", "float", "str", "dtype")
 
 LINNET = re.compile(
@@ -36,7 +38,7 @@ def _class(kind: str, word: str, language: str) -> str | None:
         return kind
     if language == "toml":
         return "keyword"
-    if word in KEYWORDS:
+    if word in KEYWORDS or word in SOFT_KEYWORDS:
         return "keyword"
     return "type" if word in DTYPES else None
 
