@@ -1,9 +1,13 @@
-"""What every benchmark records about where it ran: the machine and the versions."""
+"""What every benchmark records about where it ran: the machine, the versions, the date and
+the command that made it (the site shows them beside every row)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import shlex
+import sys
 from pathlib import Path
 
 
@@ -38,3 +42,13 @@ def versions(names) -> dict:
         except Exception as err:  # a missing baseline is reported, not fatal
             out[name] = f"unavailable: {type(err).__name__}"
     return out
+
+
+def provenance() -> dict:
+    """When and how this result was made: the date (UTC) and the command line."""
+    script = Path(sys.argv[0])
+    head = os.path.relpath(script) if script.is_absolute() else str(script)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", head, *sys.argv[1:]]),
+    }

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -293,6 +294,7 @@ def main() -> None:
     result = {
         "what": "HF safetensors -> GGUF f16, one process per converter",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": shlex.join(["python", "bench/convert.py", *sys.argv[1:]]),
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

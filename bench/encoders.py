@@ -46,7 +46,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import machine, versions  # noqa: E402
+from bench.common import machine, provenance, versions  # noqa: E402
 from bench.encoder_methods import Unsupported, prepare  # noqa: E402
 from bench.encoder_models import (  # noqa: E402
     CACHE,
@@ -231,6 +231,7 @@ def main(argv=None) -> int:
         if not any(s in m.split("/") or m.startswith(s) for s in skip)
     ]
     report = {
+        **provenance(),  # date and command: the site shows them beside the rows
         "machine": machine(),
         "versions": versions(PACKAGES),
         "quick": args.quick,

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
-from bench.common import machine, versions  # noqa: E402
+from bench.common import machine, provenance, versions  # noqa: E402
 
 METHODS = [
     "linnet/interpret/equivalent",
@@ -339,6 +339,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def start_report(args, ckpt: str, dtypes: list[str], methods: list[str], gbs: float) -> dict:
     """The report this run fills in; with --merge, the rows of an earlier run are kept."""
     report = {
+        **provenance(),  # date and command: the site shows them beside the rows
         "machine": machine(),
         "versions": versions(PACKAGES),
         "model": args.model,

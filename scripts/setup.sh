@@ -30,5 +30,13 @@ if ! git lfs version >/dev/null 2>&1; then
     echo "setup: git-lfs is missing (apt-get install git-lfs); the Hub pull tests need it" >&2
   fi
 fi
+# Headless Chromium for the site's browser tests (tests/site/): Debian's package.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: chromium is missing (apt-get install chromium); tests/site/ needs it" >&2
+  fi
+fi
 echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)')," \
      "transformers $(python -c 'import transformers; print(transformers.__version__)')"

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,7 +27,33 @@ def record(report: Report) -> dict:
     out = asdict(report)
     out["tolerance"] = report.tolerance.as_dict()
     out["passed"] = report.passed
+    out.setdefault("machine", machine())
+    out.setdefault("command", command())
     return out
+
+
+def machine() -> dict:
+    """Where the record was made (the site shows it beside the figures)."""
+    cpu = platform.processor()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(
+            (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu
+        )
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count()}
+
+
+def command(argv: list[str] | None = None) -> str:
+    """The command line that made the record: `linnet parity ...`, `python scripts/...`."""
+    argv = list(sys.argv if argv is None else argv) or ["python"]
+    head = Path(argv[0])
+    if head.suffix == ".py":
+        first = ["python", os.path.relpath(head) if head.is_absolute() else str(head)]
+    else:
+        first = [head.name]
+    return shlex.join([*first, *argv[1:]])
 
 
 def results_dir(path: str | os.PathLike | None = None) -> Path:
