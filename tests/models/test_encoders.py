@@ -107,7 +107,8 @@ def test_pooler_matches_transformers(built, arch, variant):
 
 def test_an_encoder_exposes_its_entries_only(built):
     model = lt.load(built("BertModel", "base"))
-    assert model.entries == ["forward", "embed", "pooler"]
+    # the source's entries; `mlm` refuses a run without mlm_head (test_bert_mlm.py)
+    assert model.entries == ["forward", "embed", "pooler", "mlm"]
     assert hasattr(model, "embed") and not hasattr(model, "decode")
     with pytest.raises(linnet.errors.LinnetError, match="no entry `decode`"):
         model.run("decode", torch.zeros(1, 2, dtype=torch.long))
@@ -154,7 +155,8 @@ def test_a_checkpoint_with_an_extra_layer_fails_the_plan(built, tmp_path):
 
 @pytest.mark.parametrize("arch", ["BertForMaskedLM", "RobertaForMaskedLM"])
 def test_a_masked_lm_checkpoint_loads_its_encoder(tmp_path, arch):
-    """Task models hold the encoder under `bert.` / `roberta.` (base_prefix); heads ignored.
+    """Task models hold the encoder under `bert.` / `roberta.` (base_prefix); the MLM
+    head loads too (tests/models/test_bert_mlm.py).
     The pooler is added as bert-base-uncased and roberta-base (pretraining checkpoints)
     have it: the bert source needs one (a checkpoint without fails the plan, naming it)."""
     from safetensors.torch import load_file, save_file

@@ -142,11 +142,10 @@ def test_jax_matches_transformers(built):
 def test_hf_export_round_trips_bit_exactly(built, tmp_path, variant, masked_lm):
     src = built(variant, masked_lm)
     out = linnet.hf.export(lt.load(src), tmp_path / "out", progress=False)
-    if not masked_lm:  # the masked-LM head is not part of the source: encoder only
-        assert_bit_exact(src, out)
-        assert json.loads((out / "config.json").read_text()) == json.loads(
-            (src / "config.json").read_text()
-        )
+    assert_bit_exact(src, out)  # the masked-LM head too (the `mlm` entry's params)
+    assert json.loads((out / "config.json").read_text()) == json.loads(
+        (src / "config.json").read_text()
+    )
     ids, mask = _batch()
     assert torch.equal(reference_modernbert(src, ids, mask), reference_modernbert(out, ids, mask))
 
