@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -141,8 +142,9 @@ def _transformers_on_the_file(src: Path, path: Path, arch: str, variant: str, dt
         model = _transformers_gguf(path)
         _assert_holds_the_intended(model, original, dtype)
         return model
-    original.load_state_dict({k: _intended(t, dtype) for k, t in original.state_dict().items()})
-    return original
+    typed = copy.deepcopy(original)  # the cached reference stays as transformers loaded it
+    typed.load_state_dict({k: _intended(t, dtype) for k, t in original.state_dict().items()})
+    return typed
 
 
 def _assert_holds_the_intended(model, original, dtype: str) -> None:
