@@ -10,9 +10,10 @@ A tensor the weights map leaves as it is (no transform, nothing to permute) stre
 the source file that way; others are joined and permuted first (`WeightsMap.gguf_tensor`).
 The file is written under a temporary name and renamed at the end.
 
-Types follow llama.cpp's converter: 1-D tensors (norms, biases) stay F32; `q8_0`
+Types follow llama.cpp (`gguf_types`): 1-D tensors (norms, biases) stay F32; `q8_0`
 quantizes 2-D tensors whose rows are whole blocks of 32 (others fall back to F16), with
-the gguf package's quantizer (bit-exact with ggml's).
+the gguf package's quantizer (bit-exact with ggml's); the 4- to 6-bit types and the _M
+mixes are quantized by `gguf_quants` / `gguf_kquants`, tensor by tensor as the mix says.
 """
 
 from __future__ import annotations
@@ -23,16 +24,23 @@ from typing import Any
 
 import numpy as np
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
+from linnet.converters.gguf_types import (
+    GGUF_DTYPES,
+    Layout,
+    file_type,
+    ggml_type,
+    tensor_bytes,
+    tensor_kind,
+)
 
 from linnet.atomic import atomic_path
-from linnet.core.dtypes import DTYPES, normalize_dtype
+from linnet.core.dtypes import normalize_dtype
 from linnet.errors import UnsupportedArchitecture
 from linnet.weights.casting import blocks, cast_into, write_converted
 from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
 from linnet.weights.stream import Weights
 from linnet.weights.tensor_group import TensorGroup
 
-GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
 ROW_BLOCK = 1 << 22  # elements quantized per call
 
 
@@ -72,68 +80,56 @@ def bulk_writer():
     return BulkWriter
 
 
-def _types():
-    from gguf import GGMLQuantizationType as Q
-    from gguf import LlamaFileType as F
-
-    qtypes = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
-    ftypes = {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "q8_0": F.MOSTLY_Q8_0}
-    return qtypes, ftypes
-
-
 @dataclass
 class Item:
     name: str
     shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
-    kind: str  # f32 / f16 / bf16 / q8_0
+    kind: str  # f32 / f16 / bf16 / q8_0 / q4_0 ... q6_k
     group: TensorGroup | None = None
     data: np.ndarray | None = None  # extra tensors, computed up front (small)
 
     @property
     def nbytes(self) -> int:
-        n = int(np.prod(self.shape, dtype=np.int64))
-        if self.kind == "q8_0":
-            return n // 32 * 34
-        return n * DTYPES[self.kind].bits // 8
-
-
-def tensor_kind(shape: tuple[int, ...], dtype: str) -> str:
-    if len(shape) < 2 or dtype == "f32":
-        return "f32"
-    if dtype == "q8_0":
-        return "q8_0" if shape[-1] % 32 == 0 else "f16"
-    return dtype
+        return tensor_bytes(self.kind, self.shape)
 
 
 def write_encoded(src, kind: str, row: int, write) -> None:
     """Write `src` (an array, or the TensorInfo of a safetensors tensor) as GGUF type
     `kind` through `write`, in blocks of whole rows of `row` elements."""
-    if kind != "q8_0":
+    if kind in ("f32", "f16", "bf16"):
         write_converted(src, kind, write)
         return
-    from gguf import GGMLQuantizationType, quants
+    from gguf import quants
+    from linnet.converters.gguf_quants import quantize_rows
 
     rows = max(1, ROW_BLOCK // row)
     f32 = np.empty(rows * row, np.float32)
     for blk in blocks(src, rows * row):
-        x = f32[: blk.size]
-        cast_into(blk, x)
-        q = quants.quantize(x.reshape(-1, row), GGMLQuantizationType.Q8_0)
+        x = f32[: blk.size].reshape(-1, row)
+        cast_into(blk, x.reshape(-1))
+        if kind == "q8_0":
+            q = quants.quantize(x, ggml_type(kind))
+        else:
+            q = quantize_rows(x, kind)
         write(memoryview(np.ascontiguousarray(q)).cast("B"))
 
 
 def plan_items(weights: Weights, dtype: str) -> list[Item]:
     weights_map = weights.weights_map
     spec = weights_map.gguf
-    items = []
+    named = []
     for g in weights.groups:
         name = g.rule.gguf_name(g.bindings)
         if name is None:
             raise UnsupportedArchitecture(
                 f"{weights_map.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
             )
-        shape = g.joined_shape
-        items.append(Item(name, shape, tensor_kind(shape, dtype), group=g))
+        named.append((name, g))
+    layout = Layout.of([name for name, _ in named])
+    items = [
+        Item(name, g.joined_shape, tensor_kind(name, g.joined_shape, dtype, layout), group=g)
+        for name, g in named
+    ]
     for name, rule_name in spec.extra.items():
         x, _ = extra_rule(rule_name, weights_map.path.name).export(weights.config)
         if x is not None:
@@ -171,7 +167,7 @@ def _write_metadata(writer, weights: Weights, dtype: str, file_type: int, tokeni
     writer.add_type("model")
     writer.add_name(model_name(weights))
     writer.add_file_type(file_type)
-    if dtype == "q8_0":
+    if dtype not in ("f32", "f16", "bf16"):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_metadata(writer, metadata_values(spec, config))
     for rule_name in spec.extra.values():
@@ -203,17 +199,16 @@ def export_gguf(
         )
     dtype = normalize_dtype(dtype, GGUF_DTYPES)
     out_path = Path(out_path)
-    qtypes, ftypes = _types()
     spec = weights_map.gguf
     items = plan_items(weights, dtype)
 
     writer = bulk_writer()(path=None, arch=spec.arch)
-    _write_metadata(writer, weights, dtype, int(ftypes[dtype]), tokenizer)
+    _write_metadata(writer, weights, dtype, file_type(dtype), tokenizer)
     for key, value in (extra_metadata or {}).items():
         writer.add_string(key, str(value))
     for it in items:
         writer.add_tensor_info(
-            it.name, it.shape, np.dtype(np.float32), it.nbytes, raw_dtype=qtypes[it.kind]
+            it.name, it.shape, np.dtype(np.float32), it.nbytes, raw_dtype=ggml_type(it.kind)
         )
 
     total = sum(it.nbytes for it in items)

@@ -28,7 +28,9 @@ def export(
 ) -> Path:
     """Write `model` (a loaded model, an HF folder, a .gguf file) as one GGUF file.
 
-    dtype: "f32", "f16", "bf16" or "q8_0" (1-D tensors stay f32). tokenizer: a folder
+    dtype: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K",
+    "q6_K", "q4_K_M" or "q5_K_M", any case (1-D tensors stay f32; the _M mixes give some
+    tensors q6_K as llama.cpp does, see docs/exports.md). tokenizer: a folder
     whose tokenizer.json (and chat template) to embed, or False for none (llama.cpp then
     takes token ids only); a path source brings its own. The file is written under a
     temporary name and renamed when complete.

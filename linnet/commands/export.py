@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from linnet.converters.gguf_types import GGUF_DTYPES
+
 
 @click.group()
 def export() -> None:
@@ -48,7 +50,8 @@ def export_hf(src: str, out: Path, dtype, max_shard_size: str, force: bool, quie
     "--dtype",
     default="f16",
     show_default=True,
-    type=click.Choice(["f32", "f16", "bf16", "q8_0"]),
+    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
+    help="llama.cpp's type names (any case): q4_k_m, Q6_K, ...",
 )
 @click.option("--no-tokenizer", is_flag=True, help="write no tokenizer (llama.cpp takes ids)")
 @click.option("--force", is_flag=True, help="replace an existing file")

@@ -336,7 +336,7 @@ def test_cli_export_gguf_and_plan(tiny_checkpoint, tmp_path):
     assert "blk.1.attn_qkv.weight" in r.output and "split[0]" in r.output
     r = runner.invoke(main, ["export", "gguf", str(src), "--out", str(out), "--quiet"])
     assert r.exit_code == 1 and "already exists" in r.output
-    r = runner.invoke(main, ["export", "gguf", str(src), "--out", str(out), "--dtype", "q4_k"])
+    r = runner.invoke(main, ["export", "gguf", str(src), "--out", str(out), "--dtype", "q3_k"])
     assert r.exit_code == 2
     hf = tmp_path / "hf"
     r = runner.invoke(main, ["export", "hf", str(out), "--out", str(hf), "--quiet"])
