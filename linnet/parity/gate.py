@@ -26,6 +26,8 @@ from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
 from linnet.parity.vision import measure_vision, random_pixels
 from linnet.zoo.registry import Entry, Tolerance
 
+#: Greedy tokens of Linnet's answer a record keeps per text prompt (the site's samples).
+SAMPLE_TOKENS = 24
 #: For a folder that is no zoo entry: the defaults of entries.toml.
 FALLBACK_PROMPTS = ("What is 2 plus 2?", "Say hello.", "Tell me a joke.")
 FALLBACK_SENTENCES = ("A man is eating food.", "The quick brown fox jumps over the lazy dog.")
@@ -56,9 +58,11 @@ def run_gate(
     with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
         gate.tmp = Path(tmp)
         figures = gate.run(prompts, ids, chat)
+        samples = gate.samples()
     if not figures:  # fail closed: a gate that compared nothing has passed nothing
         raise LinnetError(f"{gate.path}: the parity gate compared no output with transformers")
     return Report(
+        samples=samples,
         entry=entry.name if entry else None,
         checkpoint=str(gate.path),
         backend=backend,
@@ -113,6 +117,8 @@ class Gate:
     tolerance: Tolerance
     model: object = None  # Linnet's model, when the caller loaded it
     tmp: Path = Path(".")
+    tokenizer: object = None  # set when the prompts were text
+    texts: tuple = ()  # (prompt, ids) of the text prompts, for samples
 
     @classmethod
     def of(cls, path: Path, entry, backend, dtype, device, model, weights="real") -> Gate:
@@ -151,21 +157,37 @@ class Gate:
 
     def tokenize(self, prompts, chat):
         """(prompts, ids): the entry's prompts (or the fallback) through the tokenizer."""
-        tokenizer = load_tokenizer(self.folder, self.gguf and self.gguf.name)
+        tokenizer = self.tokenizer = load_tokenizer(self.folder, self.gguf and self.gguf.name)
         entry = self.entry
         if chat is None:
             chat = entry.chat if entry else self.kind == "decoder" and bool(tokenizer.chat_template)
         fallback = FALLBACK_SENTENCES if self.kind == "encoder" else FALLBACK_PROMPTS
         prompts = list(prompts or (entry.prompts if entry else fallback))
-        return prompts, encode_prompts(tokenizer, prompts, chat)
+        ids = encode_prompts(tokenizer, prompts, chat)
+        self.texts = tuple(zip(prompts, ids))
+        return prompts, ids
 
     def decoder(self, prompts, ids) -> list[PromptFigures]:
-        model = self.linnet(max(t.shape[-1] for t in ids))
+        model = self.linnet(max(t.shape[-1] for t in ids) + SAMPLE_TOKENS)
         reference = self.reference()
         return [
             measure_decoder(model, reference, t.to(self.device), self.tolerance, p)
             for p, t in zip(prompts, ids, strict=True)
         ]
+
+    def samples(self) -> list[str]:
+        """Linnet's greedy text for each text prompt of a decoder (what `linnet run` prints),
+        shown by the site beside the figures; none for token ids or other kinds."""
+        if self.kind != "decoder" or self.tokenizer is None:
+            return []
+        out = []
+        for prompt, ids in self.texts:
+            eos = self.tokenizer.eos_token_id
+            tokens = self.model.generate(ids.numpy(), SAMPLE_TOKENS, eos_token_id=eos)
+            new = [int(t) for t in tokens[0, ids.shape[-1] :]]
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            out.append(f"{prompt}\n→ {text.strip()}")
+        return out
 
     def encoder(self, prompts, ids) -> list[OutputFigures]:
         from linnet.weights.planning import plan_checkpoint

@@ -65,6 +65,7 @@ class Report:
     seconds: float = 0.0
     versions: dict = field(default_factory=dict)
     date: str = ""
+    samples: list[str] = field(default_factory=list)  # Linnet's greedy text per prompt
 
     @property
     def passed(self) -> bool:

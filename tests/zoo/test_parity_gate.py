@@ -277,6 +277,20 @@ def test_parity_f32_on_real_weights(smollm2_checkpoint, tmp_path):
         get("smollm2-135m-instruct").prompts
     )
     assert all(f["same_token"] and f["max_abs"] < 1e-3 for f in rec["figures"])
+    # the record's samples: Linnet's greedy answer per prompt, as transformers' generate says
+    from transformers import AutoTokenizer
+
+    from linnet.parity.gate import SAMPLE_TOKENS
+    from tests.checkpoints import chat_prompt_ids, reference_greedy
+
+    tok = AutoTokenizer.from_pretrained(smollm2_checkpoint, trust_remote_code=False)
+    prompts = list(get("smollm2-135m-instruct").prompts)
+    want = []
+    for prompt, ids in zip(prompts, chat_prompt_ids(tok, prompts)):
+        out = reference_greedy(smollm2_checkpoint, ids, SAMPLE_TOKENS, stop_at_eos=True)
+        text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+        want.append(f"{prompt}\n→ {text}")
+    assert rec["samples"] == want
 
 
 def test_parity_bf16_on_real_weights(smollm2_checkpoint, tmp_path):
