@@ -59,10 +59,12 @@ def run_gate(
         gate.tmp = Path(tmp)
         figures = gate.run(prompts, ids, chat)
         samples = gate.samples()
+    plan = checkpoint_plan(gate.path)
     if not figures:  # fail closed: a gate that compared nothing has passed nothing
         raise LinnetError(f"{gate.path}: the parity gate compared no output with transformers")
     return Report(
         samples=samples,
+        plan=plan,
         entry=entry.name if entry else None,
         checkpoint=str(gate.path),
         backend=backend,
@@ -89,6 +91,18 @@ def tolerance_for(
     from linnet.zoo.registry import registry
 
     return registry().kind_defaults[kind].tolerance(backend, dtype, weights)
+
+
+def checkpoint_plan(path: Path) -> str:
+    """`linnet plan`'s text for the checkpoint (headers only): how each tensor maps onto the
+    source; the record keeps it and the site shows it."""
+    if path.suffix == ".gguf":
+        from linnet.weights.gguf_reader import plan_text
+
+        return plan_text(path)
+    from linnet.weights.planning import plan_checkpoint
+
+    return plan_checkpoint(path)[0].format()
 
 
 def check_inputs(prompts: list, ids: list) -> None:

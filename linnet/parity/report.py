@@ -66,6 +66,7 @@ class Report:
     versions: dict = field(default_factory=dict)
     date: str = ""
     samples: list[str] = field(default_factory=list)  # Linnet's greedy text per prompt
+    plan: str | None = None  # `linnet plan` text of the checkpoint
 
     @property
     def passed(self) -> bool:

@@ -67,7 +67,10 @@ def test_model_page_shows_each_record_with_its_figures_and_provenance(site, pari
         assert rec["command"].startswith("python scripts/parity_ci.py --only gpt2 --no-real")
         assert rec["date"] in page and rec["command"] in page.replace("&#39;", "'")
         assert rec["machine"]["platform"] in page
-    assert "no checkpoint here" in page and "no sample output recorded" in page
+    assert "no sample output recorded" in page  # tiny random weights have no tokenizer
+    plan = rec["plan"].splitlines()  # `linnet plan` of the checkpoint the record was made on
+    assert plan[0].startswith("architecture") and "GPT2LMHeadModel" in plan[0]
+    assert "no checkpoint here" not in page and html.escape(plan[-1], quote=False) in page
     assert 'class="keyword">model</span> gpt2' in page  # the source, highlighted
     assert "weights_maps/gpt2.toml" in page and "linnet zoo pull gpt2" in page
 
