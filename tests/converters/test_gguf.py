@@ -175,7 +175,11 @@ def test_llama_cpp_reads_every_export_type(tiny_checkpoint, tiny_gguf, arch, var
     delta = (got - want).abs().max().item()
     print(f"{arch}/{variant} {dtype}: llama.cpp last-position max |Δ| {delta:.3g}")
     assert delta <= LLAMA_CPP_TYPED_TOL[dtype], f"max |Δ| {delta:.3g}"
-    assert int(got.argmax()) == int(want.argmax())
+    first, second = want.topk(2).values.tolist()
+    if first - second > 2 * LLAMA_CPP_TYPED_TOL[dtype]:  # a clear winner wins in llama.cpp too
+        assert int(got.argmax()) == int(want.argmax())
+    else:  # a near tie (Mistral's probe in q8_0 in CI) may go either way
+        assert want[int(got.argmax())] >= first - 2 * LLAMA_CPP_TYPED_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
