@@ -18,6 +18,7 @@ from linnet.commands.session import (
     MODE_OPTION,
     generate_streamed,
     load_model,
+    mode_option,
 )
 from linnet.commands.zoo import fail_hub, warnings_to_stderr
 from linnet.errors import CheckpointError
@@ -154,9 +155,10 @@ def open_tokenizer(found, chat: bool | None):
     "--prompt", "prompts", multiple=True, help="a prompt (repeatable; default: the entry's)"
 )
 @click.option("--results", default=None, help="where records go (default results/parity)")
+@mode_option("interpret")
 @_CHECKPOINT
 @_REVISION
-def parity(target, backend, dtype, prompts, results, checkpoint, revision) -> None:
+def parity(target, backend, dtype, prompts, results, mode, checkpoint, revision) -> None:
     """Compare Linnet with transformers on the same weights and dtype; exit 1 past tolerance."""
     from linnet.parity import format_table, run_gate, write_record
 
@@ -167,9 +169,12 @@ def parity(target, backend, dtype, prompts, results, checkpoint, revision) -> No
             f"note: {found.folder} matches no zoo entry; using the default prompts and tolerances",
             err=True,
         )
+    if mode is not None and backend != "torch":
+        raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
     report = run_gate(
-        found.checkpoint, entry=found.entry, backend=backend, dtype=dtype, prompts=list(prompts)
-    )
+        found.checkpoint, entry=found.entry, backend=backend, dtype=dtype,
+        prompts=list(prompts), mode=mode,
+    )  # fmt: skip
     report.repo = found.repo or report.repo
     report.revision, report.commit = found.revision, found.commit
     click.echo(format_table(report))

@@ -22,10 +22,18 @@ BACKEND_OPTION = click.option(
     "--backend", type=click.Choice(BACKENDS), default="torch", show_default=True,
     help="torch, jax (XLA) or onnx (onnxruntime; exports the checkpoint once, cached)",
 )  # fmt: skip
-MODE_OPTION = click.option(
-    "--mode", type=click.Choice(MODES), default=None,
-    help="PyTorch only: interpret (Core IR per call), generated (default) or compile",
-)  # fmt: skip
+
+
+def mode_option(default: str):
+    """PyTorch's --mode; `default` is what leaving it out means for this command."""
+    return click.option(
+        "--mode", type=click.Choice(MODES), default=None,
+        help=f"PyTorch only: interpret (Core IR per call), generated or compile [default: "
+        f"{default}]",
+    )  # fmt: skip
+
+
+MODE_OPTION = mode_option(DEFAULT_MODE)
 
 
 def load_model(checkpoint, *, backend: str, mode: str | None, dtype, positions: int):

@@ -45,16 +45,21 @@ def run_gate(
     chat: bool | None = None,
     weights: str = "real",
     model=None,
+    mode: str | None = None,
 ) -> Report:
     """Run the gate on a checkpoint folder. Text `prompts` (default: the entry's) go through the
     checkpoint's tokenizer and, for chat models, its chat template; `ids` (a list of [1, S]
     LongTensors) skip the tokenizer (random checkpoints have none; encoders pad them into
     one batch). Vision models take random pixels. `model`: an already loaded Linnet model
-    (tests use it to perturb a weight)."""
+    (tests use it to perturb a weight). `mode`: PyTorch's (interpret by default, generated,
+    compile)."""
     if backend not in BACKENDS:
         raise LinnetError(f"backend {backend!r}: available are {', '.join(BACKENDS)}")
+    if mode is not None and backend != "torch":
+        raise LinnetError(f"mode {mode!r} is PyTorch's; backend {backend} has one mode")
     t0 = time.perf_counter()
     gate = Gate.of(Path(folder), entry, backend, dtype, device, model, weights)
+    gate.mode = mode
     with tempfile.TemporaryDirectory(prefix="linnet-parity-") as tmp:
         gate.tmp = Path(tmp)
         figures = gate.run(prompts, ids, chat)
@@ -65,6 +70,7 @@ def run_gate(
     return Report(
         samples=samples,
         plan=plan,
+        mode=mode,
         entry=entry.name if entry else None,
         checkpoint=str(gate.path),
         backend=backend,
@@ -133,6 +139,7 @@ class Gate:
     tmp: Path = Path(".")
     tokenizer: object = None  # set when the prompts were text
     texts: tuple = ()  # (prompt, ids) of the text prompts, for samples
+    mode: str | None = None  # PyTorch's mode; None: interpret
 
     @classmethod
     def of(cls, path: Path, entry, backend, dtype, device, model, weights="real") -> Gate:
@@ -149,7 +156,7 @@ class Gate:
     def linnet(self, positions: int | None = None):
         if self.model is None:
             args = (self.backend, self.dtype, self.device, positions, self.tmp)
-            self.model = load_linnet(self.path, *args)
+            self.model = load_linnet(self.path, *args, mode=self.mode)
         return self.model
 
     def reference(self):

@@ -35,13 +35,18 @@ def checkpoint_kind(path: Path) -> str:
     return "encoder" if "embed" in source.entries else "vision"
 
 
-def load_linnet(path: Path, backend: str, dtype: str, device: str, positions: int, tmp: Path):
+def load_linnet(
+    path: Path, backend: str, dtype: str, device: str, positions: int, tmp: Path, mode=None
+):
     """Linnet's model of a checkpoint (folder or .gguf) on one backend, with a cache of
-    `positions` rows. ONNX goes through an export into `tmp`."""
+    `positions` rows (PyTorch in `mode`, interpret by default). ONNX goes through an export
+    into `tmp`."""
     if backend == "torch":
         import linnet.torch
 
-        return linnet.torch.load(path, dtype=dtype, device=device, max_positions=positions)
+        return linnet.torch.load(
+            path, dtype=dtype, device=device, max_positions=positions, mode=mode or "interpret"
+        )
     if device != "cpu":
         raise LinnetError(f"backend {backend}: the parity gate runs it on the CPU only")
     if backend == "jax":

@@ -63,7 +63,8 @@ def results_dir(path: str | os.PathLike | None = None) -> Path:
 def record_path(report: Report, folder: str | os.PathLike | None = None) -> Path:
     name = report.entry or Path(report.checkpoint).name
     tag = "tiny" if report.weights != "real" else "real"
-    return results_dir(folder) / f"{name}.{tag}.{report.backend}.{report.dtype}.json"
+    backend = report.backend + (f"-{report.mode}" if report.mode else "")
+    return results_dir(folder) / f"{name}.{tag}.{backend}.{report.dtype}.json"
 
 
 def write_record(report: Report, folder: str | os.PathLike | None = None) -> Path:

@@ -67,6 +67,7 @@ class Report:
     date: str = ""
     samples: list[str] = field(default_factory=list)  # Linnet's greedy text per prompt
     plan: str | None = None  # `linnet plan` text of the checkpoint
+    mode: str | None = None  # PyTorch's mode when not the default (interpret)
 
     @property
     def passed(self) -> bool:

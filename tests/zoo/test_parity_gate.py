@@ -295,9 +295,14 @@ def test_parity_f32_on_real_weights(smollm2_checkpoint, tmp_path):
 
 def test_parity_bf16_on_real_weights(smollm2_checkpoint, tmp_path):
     done = parity(
-        "smollm2-135m-instruct", "--checkpoint", str(smollm2_checkpoint),
-        "--dtype", "bf16", "--results", str(tmp_path),
-    )  # fmt: skip
+        "smollm2-135m-instruct",
+        "--checkpoint",
+        str(smollm2_checkpoint),
+        "--dtype",
+        "bf16",
+        "--results",
+        str(tmp_path),
+    )
     assert done.exit_code == 0, done.output
     rec = json.loads((tmp_path / "smollm2-135m-instruct.real.torch.bf16.json").read_text())
     tol = get("smollm2-135m-instruct").tolerance("torch", "bf16")
@@ -325,8 +330,15 @@ def test_perturbed_weight_fails_the_gate(
         return model
 
     monkeypatch.setattr(linnet.torch, "load", perturbed_load)
-    done = parity(str(smollm2_checkpoint), "--dtype", dtype, "--results", str(tmp_path),
-                  "--prompt", "What is 2 plus 2?")  # fmt: skip
+    done = parity(
+        str(smollm2_checkpoint),
+        "--dtype",
+        dtype,
+        "--results",
+        str(tmp_path),
+        "--prompt",
+        "What is 2 plus 2?",
+    )
     assert done.exit_code == 1, done.output
     assert "parity FAIL" in done.output
     rec = json.loads((tmp_path / f"smollm2-135m-instruct.real.torch.{dtype}.json").read_text())
@@ -387,8 +399,13 @@ def test_encoder_gate_passes_on_a_tiny_bert_and_writes_a_record(tiny_bert, tmp_p
     report = run_gate(folder, entry=get("all-minilm-l6-v2"), ids=ids, weights="tiny-random")
     assert report.passed and report.kind == "encoder"
     assert [(f.output, f.tokens) for f in report.figures] == [
-        ("embed", 12), ("forward", 12), ("embed", 7), ("forward", 7), ("embed", 1), ("forward", 1)
-    ]  # fmt: skip
+        ("embed", 12),
+        ("forward", 12),
+        ("embed", 7),
+        ("forward", 7),
+        ("embed", 1),
+        ("forward", 1),
+    ]
     for f in report.figures:
         assert f.max_abs < 1e-4 and f.rel < 1e-5
         assert (f.cosine is not None) == (f.output == "embed")
@@ -499,3 +516,38 @@ def test_parity_cli_fails_on_minilm_with_a_perturbed_weight(monkeypatch, tmp_pat
     monkeypatch.setattr(linnet.torch, "load", perturbed_load)
     done = parity(str(minilm_snapshot()), "--results", str(tmp_path))
     assert done.exit_code == 1 and "parity FAIL" in done.output
+
+
+def test_parity_runs_the_pytorch_mode_asked_for(tiny_checkpoint, tmp_path, monkeypatch):
+    """`linnet parity --mode generated`: the model is loaded in that mode, passes, and its
+    record is kept apart from the interpreter's (file name and `mode` field)."""
+    from tests.tiny_tokenizer import add_tiny_tokenizer
+
+    folder = tmp_path / "tiny-chat"
+    shutil.copytree(tiny_checkpoint("LlamaForCausalLM"), folder)
+    add_tiny_tokenizer(folder, chat=True)
+    modes = []
+    load = linnet.torch.load
+
+    def spy(*args, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(linnet.torch, "load", spy)
+    done = parity(
+        str(folder),
+        "--mode",
+        "generated",
+        "--prompt",
+        "w5 w6",
+        "--results",
+        str(tmp_path / "records"),
+    )
+    assert done.exit_code == 0, done.output
+    assert modes == ["generated"]
+    rec = json.loads((tmp_path / "records" / "tiny-chat.real.torch-generated.f32.json").read_text())
+    assert rec["mode"] == "generated" and rec["passed"] and rec["samples"][0].startswith("w5 w6")
+    refused = CliRunner().invoke(
+        main, ["parity", str(folder), "--backend", "jax", "--mode", "compile"]
+    )
+    assert refused.exit_code == 2 and "PyTorch" in refused.output
