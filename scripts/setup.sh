@@ -25,7 +25,7 @@ pip install -q -c constraints.txt llama-cpp-python
 pip install -q -c constraints.txt olah
 if ! git lfs version >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq git-lfs >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git-lfs >/dev/null
   else
     echo "setup: git-lfs is missing (apt-get install git-lfs); the Hub pull tests need it" >&2
   fi
@@ -33,7 +33,7 @@ fi
 # Headless Chromium for the site's browser tests (tests/site/): Debian's package.
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "setup: chromium is missing (apt-get install chromium); tests/site/ needs it" >&2
   fi
