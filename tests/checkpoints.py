@@ -52,6 +52,7 @@ from tests.tiny_encoders import (
     minilm_snapshot,
     padded_batch,
     reference_hidden,
+    reference_mlm,
     reference_modernbert,
     valid_delta,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "probe_ids",
     "reference_greedy",
     "reference_hidden",
+    "reference_mlm",
     "reference_logits",
     "reference_modernbert",
     "reference_vision",

@@ -116,6 +116,25 @@ def reference_hidden(ckpt_dir, ids, mask) -> tuple[torch.Tensor, torch.Tensor]:
     return out.last_hidden_state, out.pooler_output
 
 
+@torch.no_grad()
+def reference_mlm(folder, ids, mask, *, check_loaded: bool = False) -> torch.Tensor:
+    """transformers' masked-LM logits [B, S, vocab] (f32, eager attention) of any
+    `*ForMaskedLM` folder. With `check_loaded`, every weight of the model must come from
+    the folder (an export that drops the head fails here)."""
+    from transformers import AutoModelForMaskedLM
+
+    model, info = AutoModelForMaskedLM.from_pretrained(
+        folder,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        output_loading_info=True,
+        trust_remote_code=False,
+    )
+    if check_loaded:
+        assert not info["missing_keys"], f"not in the checkpoint: {info['missing_keys']}"
+    return model.eval()(input_ids=ids, attention_mask=mask).logits
+
+
 def valid_delta(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
     """Shape, dtype, then max |Δ| over the real tokens only."""
     assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)}"

@@ -24,7 +24,13 @@ import torch
 import linnet.hf
 import linnet.torch as lt
 from linnet.errors import ConfigError, LinnetError
-from tests.checkpoints import TINY_ENCODER_CONFIGS, padded_batch, tiny_config, valid_delta
+from tests.checkpoints import (
+    TINY_ENCODER_CONFIGS,
+    padded_batch,
+    reference_mlm,
+    tiny_config,
+    valid_delta,
+)
 from tests.converters.test_export_hf import assert_bit_exact
 
 F32_TOL = 1e-4
@@ -85,24 +91,6 @@ def build_tiny_masked_lm(arch: str, variant: str, out_dir: Path) -> Path:
 def masked_lm(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert-mlm")
     return lambda arch, variant: build_tiny_masked_lm(arch, variant, root)
-
-
-@torch.no_grad()
-def reference_mlm(folder, ids, mask, *, check_loaded: bool = False) -> torch.Tensor:
-    """transformers' masked-LM logits [B, S, vocab] (f32, eager). With `check_loaded`,
-    every weight of the model must come from the folder."""
-    from transformers import AutoModelForMaskedLM
-
-    model, info = AutoModelForMaskedLM.from_pretrained(
-        folder,
-        dtype=torch.float32,
-        attn_implementation="eager",
-        output_loading_info=True,
-        trust_remote_code=False,
-    )
-    if check_loaded:
-        assert not info["missing_keys"], f"not in the checkpoint: {info['missing_keys']}"
-    return model.eval()(input_ids=ids, attention_mask=mask).logits
 
 
 def _batch(arch: str, variant: str):

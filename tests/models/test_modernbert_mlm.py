@@ -24,6 +24,7 @@ from tests.checkpoints import (
     TINY_MODERNBERT_CONFIGS,
     build_tiny_modernbert,
     padded_batch,
+    reference_mlm,
     tiny_config,
     valid_delta,
 )
@@ -65,24 +66,6 @@ def masked_lm(tmp_path_factory):
         return build_tiny_modernbert(variant, root, masked_lm=True)
 
     return get
-
-
-@torch.no_grad()
-def reference_mlm(folder, ids, mask, *, check_loaded: bool = False) -> torch.Tensor:
-    """transformers' ModernBertForMaskedLM logits [B, S, vocab] (eager attention). With
-    `check_loaded`, every weight of the model must come from the folder."""
-    from transformers import AutoModelForMaskedLM
-
-    model, info = AutoModelForMaskedLM.from_pretrained(
-        folder,
-        dtype=torch.float32,
-        attn_implementation="eager",
-        output_loading_info=True,
-        trust_remote_code=False,
-    )
-    if check_loaded:
-        assert not info["missing_keys"], f"not in the export: {info['missing_keys']}"
-    return model.eval()(input_ids=ids, attention_mask=mask).logits
 
 
 def _batch():
