@@ -24,12 +24,12 @@ from linnet.backends.jax.codegen import guard_dims
 from linnet.backends.jax.prelude import nest_params
 from linnet.backends.jax.runners import ExportRunner, JitRunner, numpy_dtype
 from linnet.errors import RuntimeGuardError
-from linnet.model import Decoder, Encoder, Model, family
+from linnet.model import Decoder, Encoder, SourceModel, family
 from linnet.source import Source
 from linnet.weights.checkpoint import open_checkpoint
 
 
-class JaxModel(Model):
+class JaxModel(SourceModel):
     """A source's entries on JAX. `JaxModel(...)` gives `JaxDecoder` for a source with
     `decode`, `JaxEncoder` for one with `embed` (the contract of `linnet/model.py`)."""
 
@@ -44,10 +44,6 @@ class JaxModel(Model):
         self.state: dict = {}
 
     @property
-    def entries(self) -> list[str]:
-        return self.source.entries
-
-    @property
     def numerics(self) -> str:
         return getattr(self.runner, "numerics", "exported")
 
@@ -55,9 +51,6 @@ class JaxModel(Model):
     def compilations(self) -> dict:
         """Entry -> how many times XLA traced (and so compiled) it in this process."""
         return dict(self.runner.traces)
-
-    def _missing_entry(self, entry: str) -> str:
-        return f"the {self.source.name} source " + super()._missing_entry(entry)
 
     def _declared(self, entry: str) -> list:
         graph = self.runner.entries[entry].graph

@@ -94,6 +94,25 @@ class Model:
         raise LinnetError(f"input `{name}` is required")
 
 
+class SourceModel(Model):
+    """A model run from a source on a backend (not an export): its entries are those its
+    config has (an `entry ... if COND` whose COND is false is not one of them)."""
+
+    _entries: list[str] | None = None
+
+    @property
+    def entries(self) -> list[str]:
+        if self._entries is None:
+            self._entries = self.source.entries_for(self.config)
+        return self._entries
+
+    def _missing_entry(self, entry: str) -> str:
+        if entry in self.source.entries:
+            why = self.source.absent_entry(entry)
+            return f"the {self.source.name} source's {why} (entries: {', '.join(self.entries)})"
+        return f"the {self.source.name} source " + super()._missing_entry(entry)
+
+
 class Encoder(Model):
     """Entries with `embed`: one vector per sequence."""
 

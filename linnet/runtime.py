@@ -18,11 +18,11 @@ import torch
 
 from linnet.backends.torch.arrays import TorchArrays
 from linnet.backends.torch.runners import make_runner
-from linnet.model import Decoder, Encoder, Model, family
+from linnet.model import Decoder, Encoder, SourceModel, family
 from linnet.source import Source
 
 
-class TorchModel(Model):
+class TorchModel(SourceModel):
     def __init__(
         self,
         source: Source,
@@ -45,13 +45,6 @@ class TorchModel(Model):
         program = source.program(config)
         self.runner = make_runner(mode, program, self.params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
-
-    @property
-    def entries(self) -> list[str]:
-        return self.source.entries
-
-    def _missing_entry(self, entry: str) -> str:
-        return f"the {self.source.name} source " + super()._missing_entry(entry)
 
     def _declared(self, entry: str) -> list:
         return [(name, t.dtype, t.rank) for name, t in self.runner.inputs[entry]]

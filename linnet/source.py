@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linnet.check.config import ParamLimitError, resolve_config
-from linnet.check.elaborate import Elaborator, check_source
+from linnet.check.elaborate import Elaborator, absent_entry_message, check_source
 from linnet.check.values import BlockInfo, Frame
 from linnet.core.diagnostics import DiagnosticError
 from linnet.core.dims import Poly
@@ -83,6 +83,11 @@ class Source:
         elab = Elaborator(self.module, config)
         names = [f.name for f in self.module.fns if f.kind == "entry" and elab.entry_exists(f)]
         return list(dict.fromkeys(names))
+
+    def absent_entry(self, name: str) -> str:
+        """Why a config without entry `name` lacks it (its first declaration's `if`)."""
+        fn = next(f for f in self.module.fns if f.kind == "entry" and f.name == name)
+        return absent_entry_message(self.module, fn)
 
     def config(self, overrides: dict | None = None, origins: dict | None = None) -> dict:
         """Concrete config values; `origins` names where an override came from

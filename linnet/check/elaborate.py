@@ -361,9 +361,8 @@ class Elaborator(statements.Statements):
         """The graph of an entry this config lacks: a guard that always fails with the
         reason, and a zero result of the declared type (never returned), so every backend
         can build all of a source's entries and a call says what is wrong."""
-        cond = self.module.lines[fn.cond.span.line - 1][fn.cond.span.col - 1 :].strip()
         self._where = f"{self.module.path}:{fn.span.line}:{fn.span.col}"
-        message = f"entry `{fn.name}` exists only `if {cond}`, which this config does not meet"
+        message = absent_entry_message(self.module, fn)
         self.builder.add("guard", [], where=self._where, lhs=Poly.const(1), rhs=Poly.const(0),
                          message=message)  # fmt: skip
         t = self.tensor_type(fn.ret, frame)
@@ -371,6 +370,12 @@ class Elaborator(statements.Statements):
         zero = self.builder.add("reshape", [zero], shape=(Poly.const(1),) * t.rank)
         zero = self.builder.add("cast", [zero], dtype=t.dtype)
         return self.builder.add("broadcast", [zero], shape=t.shape)
+
+
+def absent_entry_message(module: A.Module, fn: A.FnDef) -> str:
+    """Why a config lacks entry `fn` (declared `entry ... if COND`), quoting COND."""
+    cond = module.lines[fn.cond.span.line - 1][fn.cond.span.col - 1 :].strip()
+    return f"entry `{fn.name}` exists only `if {cond}`, which this config does not meet"
 
 
 def check_source(module: A.Module) -> list[Diagnostic]:

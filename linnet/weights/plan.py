@@ -164,7 +164,7 @@ def make_plan(
     checkpoint names its tensors (HF's, or GGUF's for a GGUF file)."""
     if config is None:
         try:
-            config = weights_map.translate_config(checkpoint.read_config())
+            config = weights_map.translate_config(checkpoint.read_config(), checkpoint.headers())
         except ConfigError:
             config = None
     if dtype not in DTYPE_NAMES:

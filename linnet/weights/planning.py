@@ -71,7 +71,7 @@ def plan_checkpoint(
         )
     weights_map = find_weights_map(archs[0])
     source = source_for(weights_map)
-    overrides = weights_map.translate_config(hf_config)
+    overrides = weights_map.translate_config(hf_config, ckpt.headers())
     if dtype is not None:
         overrides["act"] = normalize_dtype(dtype)
     overrides.setdefault("act", "f32")

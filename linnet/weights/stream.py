@@ -82,10 +82,13 @@ class Weights:
         return max((g.numel for g in self.groups), default=0)
 
 
-def full_config(source, weights_map: WeightsMap, hf_config: dict, act: str) -> dict:
+def full_config(
+    source, weights_map: WeightsMap, hf_config: dict, act: str, tensor_names=None
+) -> dict:
     """The source config of `hf_config` with the context length config.json gives (the
-    loader caps the cache it allocates; metadata must carry the real value)."""
-    overrides = weights_map.translate_config(hf_config)
+    loader caps the cache it allocates; metadata must carry the real value).
+    `tensor_names`: the HF tensors there are (they set `[config.present]` fields)."""
+    overrides = weights_map.translate_config(hf_config, tensor_names)
     overrides["act"] = act
     return source.config(overrides)
 
@@ -150,7 +153,7 @@ def from_folder(path: str | Path) -> Weights:
     return Weights(
         weights_map=weights_map,
         source=source,
-        config=full_config(source, weights_map, hf_config, config["act"]),
+        config=full_config(source, weights_map, hf_config, config["act"], headers),
         hf_config=hf_config,
         dtype=stored,
         groups=ordered(weights_map, groups),
@@ -187,7 +190,6 @@ def from_model(
     if not hf_config:
         hf_config = weights_map.config_to_hf(model.config)
         hf_config["dtype"] = HF_NAMES[act]
-    config = full_config(model.source, weights_map, hf_config, act)
     params = model.params
     shapes = {n: tuple(t.shape) for n, t in params.items()}
     groups = []
@@ -198,6 +200,7 @@ def from_model(
         shape = tuple(shapes[t] for t in targets)
         groups.append(TensorGroup(name, rule=rule, bindings=bindings, params=targets,
                                   shapes=shape, read_dtype=dtype))  # fmt: skip
+    config = full_config(model.source, weights_map, hf_config, act, [g.hf for g in groups])
 
     def reader(g: TensorGroup) -> list[np.ndarray]:
         return [from_torch(params[p]) for p in g.params]

@@ -64,14 +64,15 @@ def _add_pooler(model, folder: Path, seed: int) -> None:
     save_file(tensors, file, metadata={"format": "pt"})
 
 
-def build_tiny_masked_lm(arch: str, variant: str, out_dir: Path) -> Path:
+def build_tiny_masked_lm(arch: str, variant: str, out_dir: Path, pooler: bool = True) -> Path:
     """``MLM_CONFIGS[arch, variant]`` as an f32 *ForMaskedLM checkpoint (tied decoder, as
-    transformers saves it: no decoder tensors) plus a pooler, in ``out_dir``."""
+    transformers saves it: no decoder tensors) plus a pooler unless `pooler` is false (a
+    fine-tuned checkpoint as transformers saves it), in ``out_dir``."""
     from transformers import AutoModelForMaskedLM
 
     from tests.tiny_encoders import _init_encoder
 
-    target = out_dir / f"{arch}-{variant}"
+    target = out_dir / f"{arch}-{variant}{'' if pooler else '-nopooler'}"
     if (target / "config.json").is_file():
         return target
     config = tiny_config(arch, MLM_CONFIGS[arch, variant], "encoder")
@@ -82,7 +83,8 @@ def build_tiny_masked_lm(arch: str, variant: str, out_dir: Path) -> Path:
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=out_dir))
     model.save_pretrained(tmp)
-    _add_pooler(model, tmp, _SEED + 1)
+    if pooler:
+        _add_pooler(model, tmp, _SEED + 1)
     os.rename(tmp, target)
     return target
 
@@ -90,7 +92,7 @@ def build_tiny_masked_lm(arch: str, variant: str, out_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def masked_lm(tmp_path_factory):
     root = tmp_path_factory.mktemp("bert-mlm")
-    return lambda arch, variant: build_tiny_masked_lm(arch, variant, root)
+    return lambda arch, variant, pooler=True: build_tiny_masked_lm(arch, variant, root, pooler)
 
 
 def _batch(arch: str, variant: str):
@@ -157,3 +159,19 @@ def test_an_untied_decoder_is_refused(masked_lm, tmp_path, arch):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="tie_word_embeddings"):
         lt.load(bad)
+
+
+@pytest.mark.parametrize("arch", ["BertForMaskedLM", "RobertaForMaskedLM"])
+def test_checkpoint_without_pooler_loads(masked_lm, tmp_path, arch):
+    """A *ForMaskedLM as transformers saves it has no pooler: it loads without the
+    `pooler` entry (the plan reads the pooler's presence from the headers), its masked-LM
+    logits match, and the export writes no pooler back."""
+    src = masked_lm(arch, "base", pooler=False)
+    model = lt.load(src, mode="generated", numerics="equivalent")
+    assert model.entries == ["forward", "embed", "mlm"]
+    ids, mask = _batch(arch, "base")
+    want = reference_mlm(src, ids, mask, check_loaded=True)
+    delta = valid_delta(model.run("mlm", ids, mask), want, mask)
+    assert delta <= F32_TOL, f"max |Δ| {delta:.3g} > {F32_TOL}"
+    out = linnet.hf.export(model, tmp_path / "out", progress=False)
+    assert_bit_exact(src, out)

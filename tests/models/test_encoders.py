@@ -107,11 +107,13 @@ def test_pooler_matches_transformers(built, arch, variant):
 
 def test_an_encoder_exposes_its_entries_only(built):
     model = lt.load(built("BertModel", "base"))
-    # the source's entries; `mlm` refuses a run without mlm_head (test_bert_mlm.py)
-    assert model.entries == ["forward", "embed", "pooler", "mlm"]
+    # the entries this config has: `mlm` needs mlm_head (test_bert_mlm.py)
+    assert model.entries == ["forward", "embed", "pooler"]
     assert hasattr(model, "embed") and not hasattr(model, "decode")
     with pytest.raises(linnet.errors.LinnetError, match="no entry `decode`"):
         model.run("decode", torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(linnet.errors.LinnetError, match="`mlm` exists only `if mlm_head`"):
+        model.run("mlm", torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long))
 
 
 @pytest.mark.parametrize(("arch", "variant"), VARIANTS, ids=IDS)

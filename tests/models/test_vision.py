@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import linnet.hf  # noqa: E402
 import linnet.torch as lt  # noqa: E402
-from linnet.errors import CheckpointError, LinnetError, RuntimeGuardError  # noqa: E402
+from linnet.errors import CheckpointError, LinnetError  # noqa: E402
 from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.checkpoints import (  # noqa: E402
     build_tiny_vision,
@@ -90,7 +90,7 @@ def test_entries_follow_the_class(vision_checkpoint, arch):
 def test_an_entry_the_config_lacks_says_why(references):
     folder, pixels, _ = references("ViTModel")
     model = lt.load(folder)
-    with pytest.raises(RuntimeGuardError, match=r"`classify` exists only `if head and cls_token`"):
+    with pytest.raises(LinnetError, match=r"`classify` exists only `if head and cls_token`"):
         model.run("classify", pixels)
 
 

@@ -113,6 +113,13 @@ def _parse_field(path: Path, name: str, spec: Any) -> FieldSpec:
     )
 
 
+def _parse_present(path: Path, spec: Any) -> dict[str, str]:
+    """[config.present]: bool field -> the HF tensor whose presence sets it."""
+    if not isinstance(spec, dict) or not all(isinstance(v, str) for v in spec.values()):
+        raise _fail(path, '[config.present]: field = "hf.tensor.name"')
+    return dict(spec)
+
+
 def _parse_require(path: Path, name: str, spec: Any) -> Requirement:
     if not isinstance(spec, dict) or not ({"equals", "one_of"} & set(spec)):
         raise _fail(
@@ -191,9 +198,10 @@ def _own_parts(path: Path, data: dict) -> dict[str, Any]:
         fields={
             name: _parse_field(path, name, spec)
             for name, spec in config.items()
-            if name not in ("const", "require")
+            if name not in ("const", "require", "present")
         },
         const=dict(config.get("const", {})),
+        present=_parse_present(path, config.get("present", {})),
         require=[_parse_require(path, n, s) for n, s in config.get("require", {}).items()],
         rules=[_parse_rule(path, i, spec) for i, spec in enumerate(data.get("tensors", []))],
         ignore=list(data.get("ignore", [])),
@@ -203,7 +211,7 @@ def _own_parts(path: Path, data: dict) -> dict[str, Any]:
 def _inherit(own: dict[str, Any], base: WeightsMap, base_prefix: str) -> dict[str, Any]:
     """`own` over the base's parts: a name the child sets replaces the base's entry; a child
     rule replaces every base rule that targets any of its params."""
-    names = set(own["fields"]) | set(own["const"])
+    names = set(own["fields"]) | set(own["const"]) | set(own["present"])
     # Keep the base's order; a child's field takes its base entry's place.
     fields = {
         k: own["fields"].get(k, v)
@@ -221,6 +229,10 @@ def _inherit(own: dict[str, Any], base: WeightsMap, base_prefix: str) -> dict[st
     return dict(
         fields=fields,
         const={**{k: v for k, v in base.const.items() if k not in names}, **own["const"]},
+        present={
+            **{k: base_prefix + v for k, v in base.present.items() if k not in names},
+            **own["present"],
+        },
         require=[r for r in base.require if r.name not in mine] + own["require"],
         rules=inherited + own["rules"],
         ignore=base_ignore + [p for p in own["ignore"] if p not in base_ignore],

@@ -69,6 +69,7 @@ class WeightsMap:
     fields: dict[str, FieldSpec]
     const: dict[str, Any]
     require: list[Requirement]
+    present: dict[str, str] = field(default_factory=dict)  # bool field -> HF tensor
     hf_prefix: str = ""
     model_type: str = ""
     gguf: GgufSpec | None = None
@@ -152,10 +153,21 @@ class WeightsMap:
 
     # config --------------------------------------------------------------------------
 
-    def translate_config(self, hf_config: Mapping) -> dict[str, Any]:
+    def translate_config(self, hf_config: Mapping, tensor_names=None) -> dict[str, Any]:
         """Source config values from an HF config.json dict (only fields the map names;
-        a field with no value and no default is left out, so the source default applies)."""
-        return cfg.translate(self.fields, self.const, self.require, hf_config, self.architecture)
+        a field with no value and no default is left out, so the source default applies).
+        `tensor_names`: the checkpoint's tensors, which set the `[config.present]` fields
+        (without them those fields keep the source default)."""
+        out = cfg.translate(self.fields, self.const, self.require, hf_config, self.architecture)
+        if tensor_names is not None:
+            out.update(self.presence(tensor_names))
+        return out
+
+    def presence(self, tensor_names) -> dict[str, bool]:
+        """The `[config.present]` fields: true where the checkpoint has the tensor (under
+        any of its candidate names: a bare base model's tensors lack `hf_prefix`)."""
+        held = {c for name in tensor_names for c in self._candidates(name)}
+        return {field_name: hf in held for field_name, hf in self.present.items()}
 
     def config_origins(self, hf_config: Mapping, file: str = "config.json") -> dict[str, str]:
         """{source field: "config.json: its HF path"} for the fields this config sets."""
