@@ -10,28 +10,15 @@ import shlex
 import sys
 from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+from linnet.core.machine import machine as core_machine
 
 
 def machine() -> dict:
-    """The CPU, its core count and the load average now (timings on a loaded machine are
-    noisy: say so next to them)."""
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpu": cpu_model(),
-        "cpus": os.cpu_count(),
-        "load_average": list(os.getloadavg()),
-        "python": platform.python_version(),
-    }
+    """Linnet's machine record (CPU, flags, cores, load, `under_load`) plus the Python
+    version and the processor string."""
+    out = core_machine()
+    out.update(processor=platform.processor(), python=platform.python_version())
+    return out
 
 
 def versions(names) -> dict:

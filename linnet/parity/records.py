@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from linnet.core.machine import machine
 from linnet.parity.report import Report
 
 DEFAULT_RESULTS = Path("results") / "parity"
@@ -30,19 +30,6 @@ def record(report: Report) -> dict:
     out.setdefault("machine", machine())
     out.setdefault("command", command())
     return out
-
-
-def machine() -> dict:
-    """Where the record was made (the site shows it beside the figures)."""
-    cpu = platform.processor()
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next(
-            (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu
-        )
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count()}
 
 
 def command(argv: list[str] | None = None) -> str:

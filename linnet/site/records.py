@@ -67,13 +67,24 @@ def load_json(path: Path) -> dict:
     return data
 
 
+#: The flags that decide a CPU's fastest kernels, shown beside its name.
+_SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+
+
 def machine_text(machine) -> str:
-    """One line for a machine dict: CPU, core count, platform."""
+    """One line for a machine dict: CPU, its kernel flags, core count, platform, and a
+    mark when the figures were measured under load."""
     if not isinstance(machine, dict) or not machine:
         return UNKNOWN
     cpu = machine.get("cpu") or machine.get("processor") or ""
+    flags = machine.get("cpu_flags")
+    if isinstance(flags, list):
+        shown = [f for f in _SHOWN_FLAGS if f in flags]
+        cpu = f"{cpu} ({' '.join(shown) or 'no AVX2'})"
     cores = f"{machine['cpus']} cores" if machine.get("cpus") else ""
     parts = [p for p in (cpu, cores, machine.get("platform", "")) if p]
+    if machine.get("under_load"):
+        parts.append("measured under load (other work ran)")
     return ", ".join(str(p) for p in parts) or UNKNOWN
 
 
