@@ -25,6 +25,7 @@ import linnet.hf  # noqa: E402
 import linnet.torch as lt  # noqa: E402
 from linnet.check.elaborate import check_source  # noqa: E402
 from linnet.errors import CheckpointError  # noqa: E402
+from linnet.model import Decoder  # noqa: E402
 from linnet.source import Source  # noqa: E402
 from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
@@ -102,6 +103,7 @@ def test_decode_matches_diffusers(built, name, mode, numerics):
     folder, latents, want = built(name)
     model = lt.load(folder, mode=mode, numerics=numerics)
     assert model.entries == ["decode"]
+    assert not isinstance(model, Decoder)  # a stateless `decode` is no text decoder
     tol = TOL if numerics == "equivalent" else FAST_TOL
     check(f"{name} {mode}/{numerics}", model.run("decode", latents), want, tol)
 
@@ -120,6 +122,7 @@ def test_onnx_matches_diffusers(built, tmp_path, name):
 
     folder, latents, want = built(name)
     model = linnet.onnx.load(linnet.onnx.export(folder, tmp_path / "onnx", progress=False))
+    assert not isinstance(model, Decoder)
     check(f"{name} onnx", model.run("decode", latents.numpy()), want, TOL)
     other = torch.randn(1, 4, 2, 4)  # any latent size: the image is 8x it
     check(f"{name} onnx 2x4", model.run("decode", other.numpy()), reference(folder, other), TOL)
