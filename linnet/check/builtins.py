@@ -323,6 +323,13 @@ def _from_tokens(cx, x, h, w):
     return cx.add("transpose", [x], perm=(0, 3, 1, 2))
 
 
+@builtin("l2_normalize", ("x", "tensor"), doc="x / ||x|| along the last axis (unit length)")
+def _l2_normalize(cx, x):
+    """x / sqrt(sum(x^2)) over the last axis, as `x / x.norm(p=2, dim=-1, keepdim=True)`."""
+    total = cx.add("reduce_sum", [cx.add("mul", [x, x])], axis=-1, keepdims=True)
+    return cx.add("div", [x, cx.add("sqrt", [total])])
+
+
 def _cast(dtype: str):
     def body(cx, x):
         return cx.add("cast", [x], dtype=dtype)
