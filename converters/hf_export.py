@@ -142,15 +142,24 @@ def write_shard(path: Path, weights: Weights, entries: list[Entry], dtype: str, 
             raise AssertionError(f"{path}: {f.tell()} bytes written, not as planned")
 
 
-def shard_names(n: int) -> list[str]:
+def weights_stem(hf_config: dict) -> str:
+    """The weights files' stem: diffusers names them `diffusion_pytorch_model` (a config.json
+    with `_class_name` and no `architectures`), transformers `model`."""
+    diffusers = "_class_name" in hf_config and "architectures" not in hf_config
+    return "diffusion_pytorch_model" if diffusers else "model"
+
+
+def shard_names(n: int, stem: str = "model") -> list[str]:
     if n == 1:
-        return [SINGLE]
-    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        return [f"{stem}.safetensors"]
+    return [f"{stem}-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
 
 
 def hf_config_for(weights: Weights, dtype: str) -> dict:
     cfg = copy.deepcopy(weights.hf_config)
     cfg.pop("quantization_config", None)
+    if weights_stem(cfg) != "model":  # a diffusers config states no dtype
+        return cfg
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
     for k in keys:
         cfg[k] = HF_NAMES[dtype]
@@ -194,7 +203,8 @@ def export_hf(
     dtype = normalize_dtype(dtype) if dtype is not None else weights.dtype
     out_dir = Path(out_dir)
     shards = plan_shards(weights, dtype, parse_size(max_shard_size))
-    names = shard_names(len(shards))
+    stem = weights_stem(weights.hf_config)
+    names = shard_names(len(shards), stem)
     total = sum(e.nbytes for s in shards for e in s)
     with atomic_path(out_dir, is_dir=True, overwrite=overwrite) as tmp:
         with tqdm(
@@ -210,14 +220,16 @@ def export_hf(
                 },
                 "weight_map": {e.name: n for n, s in zip(names, shards) for e in s},
             }
-            (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+            (tmp / f"{stem}.safetensors.index.json").write_text(
+                json.dumps(index, indent=2, sort_keys=True) + "\n"
+            )
         (tmp / "config.json").write_text(
             json.dumps(hf_config_for(weights, dtype), indent=2, sort_keys=True) + "\n"
         )
         src = weights.tokenizer_dir
         if src is not None and (src / "generation_config.json").is_file():
             copy_companion(src, "generation_config.json", tmp)
-        else:
+        elif stem == "model":  # a diffusers folder has no generation config
             (tmp / "generation_config.json").write_text(
                 json.dumps(generation_config_for(weights), indent=2, sort_keys=True) + "\n"
             )

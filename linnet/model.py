@@ -31,7 +31,8 @@ class Model:
         if "_kinds" in cls.__dict__:  # a backend's base class: pick by the entries
             entries = cls._entries_of(*args, **kwargs)
             for entry, kind in cls._kinds.items():
-                if entry in entries:
+                # a `decode` without state (an image decoder's) is no text decoder
+                if entry in entries and (entry != "decode" or cls._has_state(*args, **kwargs)):
                     cls = kind
                     break
         return super().__new__(cls)
@@ -40,6 +41,11 @@ class Model:
     def _entries_of(*args, **kwargs) -> list[str]:
         """The entries a constructor call will have (before the object exists)."""
         return args[0].entries  # a source
+
+    @staticmethod
+    def _has_state(*args, **kwargs) -> bool:
+        """Whether the constructor call's model keeps state (a cache) between calls."""
+        return bool(args[0].module.states)  # a source
 
     # -- what a backend class provides --------------------------------------------------
     def _declared(self, entry: str) -> list[tuple[str, str, int]]:

@@ -103,6 +103,10 @@ class OnnxModel(Model):
     def _entries_of(signature: dict, *args, **kwargs) -> list[str]:
         return list(signature["entries"])
 
+    @staticmethod
+    def _has_state(signature: dict, *args, **kwargs) -> bool:
+        return any(e.get("states") for e in signature["entries"].values())
+
     def __init__(self, signature: dict, sessions: dict) -> None:
         self.signature = signature
         self.config = signature["config"]

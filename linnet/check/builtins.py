@@ -284,6 +284,52 @@ def _cast_like(cx, x, like):
     return cx.add("cast", [x], dtype=like.type.dtype)
 
 
+# -- image ops beyond convolution (issue 15) ----------------------------------------------
+@builtin(
+    "group_norm",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor"),
+    ("groups", "int"),
+    ("eps", "float"),
+    doc="group norm of [B, C, ...] over `groups` groups of channels, f32 inside",
+)
+def _group_norm(cx, x, w, b, groups, eps):
+    return cx.add("group_norm", [x, w, b], groups=_maybe_int(groups), eps=eps)
+
+
+@builtin(
+    "upsample_nearest",
+    ("x", "tensor"),
+    ("scale", "int", Poly.const(2)),
+    doc="[B, C, H, W] -> [B, C, H * scale, W * scale], each pixel repeated",
+)
+def _upsample_nearest(cx, x, scale):
+    return cx.add("upsample_nearest", [x], scale=_const_int(scale, "scale"))
+
+
+@builtin(
+    "from_tokens",
+    ("x", "tensor"),
+    ("h", "int"),
+    ("w", "int"),
+    doc="[B, h * w, C] -> [B, C, h, w]: the inverse of to_tokens",
+)
+def _from_tokens(cx, x, h, w):
+    if x.type.rank != 3 or x.type.shape[1] != h * w:
+        raise OpTypeError("from_tokens needs [B, h * w, C]", f"[B, {h * w}, C]", str(x.type))
+    b, _, c = x.type.shape
+    x = cx.add("reshape", [x], shape=(b, h, w, c))
+    return cx.add("transpose", [x], perm=(0, 3, 1, 2))
+
+
+@builtin("l2_normalize", ("x", "tensor"), doc="x / ||x|| along the last axis (unit length)")
+def _l2_normalize(cx, x):
+    """x / sqrt(sum(x^2)) over the last axis, as `x / x.norm(p=2, dim=-1, keepdim=True)`."""
+    total = cx.add("reduce_sum", [cx.add("mul", [x, x])], axis=-1, keepdims=True)
+    return cx.add("div", [x, cx.add("sqrt", [total])])
+
+
 def _cast(dtype: str):
     def body(cx, x):
         return cx.add("cast", [x], dtype=dtype)

@@ -283,6 +283,37 @@ def batch_norm(b, x, w, bias, mean, var, *, eps):
     return b.add("cast", [y], dtype=t.dtype)
 
 
+# -- image ops beyond convolution (issue 15): group norm, nearest upsampling -------------
+def group_norm(b, x, w, bias, *, groups, eps):
+    """x [B, C, ...] as [B, groups, C / groups * rest]: each group centered and scaled by
+    rsqrt(var + eps) in f32 (two passes, as layer_norm), then w and b per channel in f32,
+    cast back once (PyTorch's kernel applies the affine in f32 too)."""
+    t = b.type_of(x)
+    bsz, ch, *rest = t.shape
+    per_group = ch.exact_div(groups)
+    for d in rest:
+        per_group = per_group * d
+    h = b.add("cast", [x], dtype=F32)
+    h = b.add("reshape", [h], shape=(bsz, Poly.const(groups), per_group))
+    centered = b.add("sub", [h, b.add("reduce_mean", [h], axis=-1)])
+    var = b.add("reduce_mean", [b.add("mul", [centered, centered])], axis=-1)
+    h = b.add("mul", [centered, b.add("rsqrt", [b.add("add", [var, _const(b, eps, F32)])])])
+    h = b.add("reshape", [h], shape=t.shape)
+    channel = (ch,) + (Poly.const(1),) * (t.rank - 2)  # (C, 1, 1) broadcasts over H, W
+    w, bias = (b.add("reshape", [b.add("cast", [p], dtype=F32)], shape=channel) for p in (w, bias))
+    return b.add("cast", [b.add("add", [b.add("mul", [h, w]), bias])], dtype=t.dtype)
+
+
+def upsample_nearest(b, x, *, scale):
+    """Each pixel repeated scale x scale times: [B, C, H, 1, W, 1] broadcast to
+    [B, C, H, scale, W, scale], then merged (no arithmetic, so exact)."""
+    bsz, ch, h, w = b.type_of(x).shape
+    one, k = Poly.const(1), Poly.const(scale)
+    x = b.add("reshape", [x], shape=(bsz, ch, h, one, w, one))
+    x = b.add("broadcast", [x], shape=(bsz, ch, h, k, w, k))
+    return b.add("reshape", [x], shape=(bsz, ch, h * scale, w * scale))
+
+
 def _nonzero(b, x):
     """A bool tensor: x itself when it is bool, else x != 0."""
     dtype = b.type_of(x).dtype
@@ -303,4 +334,6 @@ DECOMPOSITIONS = {
     "conv": conv,
     "max_pool": max_pool,
     "batch_norm": batch_norm,
+    "group_norm": group_norm,
+    "upsample_nearest": upsample_nearest,
 }

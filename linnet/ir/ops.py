@@ -494,3 +494,7 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
             str(mask),
             "a padding mask has one flag per key: 1 attends, 0 is padding",
         )
+
+
+# -- image ops beyond convolution: group norm, nearest upsampling (linnet/ir/ops_image.py) --
+from linnet.ir import ops_image  # noqa: E402, F401  (registers its ops into OPS)

@@ -27,6 +27,7 @@ from linnet.ir.state_split import split_states
 ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
     | {"attention"}
+    | {"group_norm", "upsample_nearest"}  # GroupNormalization (opset 21), Resize (issue 15)
 )
 
 

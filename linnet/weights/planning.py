@@ -16,7 +16,7 @@ from linnet.check.config import ParamLimitError
 from linnet.core.dtypes import normalize_dtype
 from linnet.errors import CheckpointError, ConfigError
 from linnet.source import Source
-from linnet.weights.maps import WeightsMap, find_weights_map
+from linnet.weights.maps import WeightsMap, architecture_of, find_weights_map
 from linnet.weights.plan import Plan, make_plan
 from linnet.weights.safetensors_io import Checkpoint
 
@@ -63,13 +63,14 @@ def plan_checkpoint(
     is_path = isinstance(checkpoint, (str, os.PathLike))
     ckpt = Checkpoint(checkpoint) if is_path else checkpoint
     hf_config = ckpt.read_config()
-    archs = hf_config.get("architectures") or []
-    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+    arch = architecture_of(hf_config)
+    if arch is None:
         raise CheckpointError(
-            f"{ckpt.config_path}: no `architectures` list naming the model class",
+            f"{ckpt.config_path}: no `architectures` list (or diffusers `_class_name`) naming "
+            "the model class",
             file=str(ckpt.config_path),
         )
-    weights_map = find_weights_map(archs[0])
+    weights_map = find_weights_map(arch)
     source = source_for(weights_map)
     overrides = weights_map.translate_config(hf_config, ckpt.headers())
     if dtype is not None:

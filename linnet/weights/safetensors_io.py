@@ -1,11 +1,11 @@
 """Read a local Hugging Face checkpoint folder: config.json and safetensors, headers first.
 
 `Checkpoint(folder)` finds `model.safetensors` or a sharded set named by
-`model.safetensors.index.json`. `headers()` parses every safetensors header
-itself (8-byte little-endian length, then JSON) without touching tensor data,
-and checks that the header is sane and that every tensor's bytes lie inside its
-file, so a truncated download is caught before anything is read. `read(name)`
-loads one tensor through `safetensors.safe_open` (memory-mapped), so a caller
+`model.safetensors.index.json` (diffusers': `diffusion_pytorch_model.safetensors`).
+`headers()` parses every safetensors header itself (8-byte little-endian length, then
+JSON) without touching tensor data, and checks that the header is sane and that every
+tensor's bytes lie inside its file, so a truncated download is caught before anything is
+read. `read(name)` loads one tensor through `safetensors.safe_open` (memory-mapped), so a caller
 that streams tensors holds about one tensor at a time.
 
 Pickled weights (`pytorch_model.bin`, `*.pt`, ...) are never opened: unpickling
@@ -28,6 +28,8 @@ from linnet.weights.jsonfile import read_json_object
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# the weights' file stem: transformers' `model`, diffusers' `diffusion_pytorch_model`
+WEIGHT_STEMS = ("model", "diffusion_pytorch_model")
 CONFIG_FILE = "config.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -284,13 +286,14 @@ class Checkpoint:
     # -- locating the weights ---------------------------------------------------------
 
     def _find_weights(self) -> list[Path]:
-        index = self.folder / INDEX_FILE
-        single = self.folder / SINGLE_FILE
-        if index.is_file():
-            self.index_path = index
-            return sorted(set(self._weight_map().values()))
-        if single.is_file():
-            return [single]
+        for stem in WEIGHT_STEMS:  # transformers' names, then diffusers'
+            index = self.folder / f"{stem}.safetensors.index.json"
+            single = self.folder / f"{stem}.safetensors"
+            if index.is_file():
+                self.index_path = index
+                return sorted(set(self._weight_map().values()))
+            if single.is_file():
+                return [single]
         pickled = _pickled_files(self.folder)
         if pickled:
             names = ", ".join(p.name for p in pickled)

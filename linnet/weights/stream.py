@@ -176,10 +176,10 @@ def from_model(
     """A loaded `TorchModel` (its params as they are; tied params are not exported twice).
     `tokenizer`: a folder whose tokenizer files go with the export (a model loaded by
     `linnet.gguf.load` carries its own)."""
-    from linnet.weights.maps import find_weights_map
+    from linnet.weights.maps import architecture_of, find_weights_map
 
     hf_config = dict(getattr(model, "hf_config", None) or {})
-    arch = architecture or (hf_config.get("architectures") or [None])[0]
+    arch = architecture or architecture_of(hf_config)
     if arch is None:
         raise ConfigError(
             "the model has no HF config (it was not loaded from a checkpoint): pass "

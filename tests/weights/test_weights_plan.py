@@ -207,22 +207,26 @@ def plan_for(folder: Path, dtype: str = "f32"):
 
 def test_every_weights_map_is_one_architecture_transformers_ships():
     """One map per HF architecture (a new variant adds a map, not a line here), each a class
-    transformers ships, and each found by its name with the source it declares."""
+    transformers (or, for a diffusers-format map, diffusers) ships, and each found by its
+    name with the source it declares."""
+    import diffusers
     import transformers
 
     assert maps_dir().name == "weights_maps"
     archs = supported_architectures()
     assert len(archs) == len(set(archs)) == len(list(maps_dir().glob("*.toml")))
-    assert [a for a in archs if not hasattr(transformers, a)] == []
+    library = {"transformers": transformers, "diffusers": diffusers}
+    assert [a for a in archs if not hasattr(library[find_weights_map(a).config_format], a)] == []
     assert {"LlamaForCausalLM", "GPT2LMHeadModel", "BertModel", "ViTModel", "ResNetModel"} <= set(
         archs
     )
     sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert", "ViTM": "vit", "ViTF": "vit"}
     sources |= {"Dino": "vit", "Sigl": "vit", "Mode": "modernbert", "ResN": "resnet"}
+    sources |= {"Auto": "sd_vae", "SiglipModel": "siglip"}
     for arch in archs:
         m = find_weights_map(arch)
         assert m.architecture == arch
-        assert m.source == sources.get(arch[:4], "llama")
+        assert m.source == sources.get(arch, sources.get(arch[:4], "llama"))
 
 
 def test_unsupported_architecture_lists_supported(models, tmp_path):

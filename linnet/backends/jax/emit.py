@@ -211,6 +211,10 @@ EMITTERS = {
     "conv": _conv,
     "max_pool": _max_pool,
     "batch_norm": lambda a, s, *xs: f"{s.helper('batch_norm')}({', '.join(xs)}, {a['eps']!r})",
+    "group_norm": lambda a, s, *xs: (
+        f"{s.helper('group_norm')}({', '.join(xs)}, {a['groups']}, {a['eps']!r})"
+    ),
+    "upsample_nearest": lambda a, s, x: f"upsample_nearest({x}, {a['scale']})",
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
 

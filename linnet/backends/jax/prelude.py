@@ -171,6 +171,23 @@ def batch_norm_ref(x, w, b, mean, var, eps):
     return (x.astype(f32) * scale.reshape(view) + shift.reshape(view)).astype(x.dtype)
 
 
+def group_norm_ref(x, w, b, groups, eps):
+    """Each group of channels (with every later axis) centered and scaled in f32, then
+    w and b per channel in f32, cast back once (linnet/ir/library.py: group_norm)."""
+    h = x.astype(jnp.float32).reshape(x.shape[0], groups, -1)
+    centered = h - jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+    h = (centered * lax.rsqrt(var + eps)).reshape(x.shape)
+    view = (-1,) + (1,) * (x.ndim - 2)
+    f32 = jnp.float32
+    return (h * w.astype(f32).reshape(view) + b.astype(f32).reshape(view)).astype(x.dtype)
+
+
+def upsample_nearest(x, scale):
+    """[B, C, H, W] -> [B, C, H * scale, W * scale]: each pixel repeated (exact)."""
+    return jnp.repeat(jnp.repeat(x, scale, axis=2), scale, axis=3)
+
+
 # -- numerics="fast": XLA picks (default precision, jax.nn kernels) ------------------------
 def conv_fast(x, w, b=None, stride=1, padding=0):
     y = _conv(x, w, stride, padding, None)
@@ -179,6 +196,10 @@ def conv_fast(x, w, b=None, stride=1, padding=0):
 
 def batch_norm_fast(x, w, b, mean, var, eps):
     return batch_norm_ref(x, w, b, mean, var, eps)
+
+
+def group_norm_fast(x, w, b, groups, eps):
+    return group_norm_ref(x, w, b, groups, eps)
 
 
 def linear_fast(x, w, b=None):

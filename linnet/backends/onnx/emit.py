@@ -7,9 +7,10 @@ result (None for guards, which the runtime checks on the host). Runtime dims
 serves every batch, length and position.
 
 Library ops with a native ONNX op (linear, layer_norm, softmax, silu, gelu, conv,
-max_pool, batch_norm) are emitted as that op, attention as a short sequence (MatMul, an
-additive 0/-inf bias, Softmax, MatMul); the others (rms_norm, rope) are decomposed into
-primitives first (`linnet/ir/library.py`), so ONNX runs the reference's math.
+max_pool, batch_norm, group_norm; upsample_nearest as Resize) are emitted as that op,
+attention as a short sequence (MatMul, an additive 0/-inf bias, Softmax, MatMul); the
+others (rms_norm, rope) are decomposed into primitives first (`linnet/ir/library.py`), so
+ONNX runs the reference's math.
 """
 
 from __future__ import annotations
@@ -312,6 +313,18 @@ def _band(a, b, qpos, kpos):
     return allowed
 
 
+def _group_norm(a, b, x, w, bias):
+    # opset 21's GroupNormalization: scale and bias per channel, statistics in f32
+    return b.node("GroupNormalization", [x, w, bias], num_groups=a["groups"], epsilon=a["eps"])
+
+
+def _upsample_nearest(a, b, x):
+    # output pixel i reads input floor(i / scale): the decomposition's repeat, exactly
+    scales = b.const([1.0, 1.0, float(a["scale"]), float(a["scale"])], "f32")
+    return b.node("Resize", [x, "", scales], mode="nearest",
+                  coordinate_transformation_mode="asymmetric", nearest_mode="floor")  # fmt: skip
+
+
 UNARY = {
     "neg": "Neg",
     "exp": "Exp",
@@ -372,6 +385,8 @@ EMITTERS = {
     "max_pool": lambda a, b, x: b.node("MaxPool", [x], **_window(a, a["kernel"])),
     "batch_norm": lambda a, b, *xs: b.node("BatchNormalization", list(xs), epsilon=a["eps"]),
     "attention": _attention,
+    "group_norm": _group_norm,
+    "upsample_nearest": _upsample_nearest,
 }
 for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])

@@ -51,6 +51,16 @@ def _batch_norm(a, s, x, w, b, mean, var):
     return f"{fn}({x}, {w}, {b}, {mean}, {var}, {a['eps']!r})"
 
 
+def _group_norm(a, s, x, w, b):
+    fn = "group_norm_fast" if s.numerics == "fast" else "group_norm_ref"
+    return f"{fn}({x}, {w}, {b}, {a['groups']}, {a['eps']!r})"
+
+
+def _upsample_nearest(a, s, x):
+    # an integer scale: source pixel floor(i / scale), exactly the decomposition's repeat
+    return f"F.interpolate({x}, scale_factor={float(a['scale'])!r}, mode='nearest')"
+
+
 def _const(a, s):
     value = a["value"]
     if value.ndim == 0:
@@ -190,6 +200,8 @@ EMITTERS = {
         f"F.max_pool2d({x}, {a['kernel']}, {a.get('stride', 1)}, {a.get('padding', 0)})"
     ),
     "batch_norm": _batch_norm,
+    "group_norm": _group_norm,
+    "upsample_nearest": _upsample_nearest,
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, BINARY_TEXT))
 # torch.maximum and torch.minimum take no Python number: a scalar side becomes a 0-d tensor

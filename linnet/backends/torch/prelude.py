@@ -188,9 +188,24 @@ def batch_norm_ref(x, w, b, mean, var, eps):
     return (x.float() * scale.reshape(view) + shift.reshape(view)).to(x.dtype)
 
 
+def group_norm_ref(x, w, b, groups, eps):
+    """Each group of channels (with every later axis) centered and scaled in f32, then
+    w and b per channel in f32, cast back once (linnet/ir/library.py: group_norm)."""
+    h = x.float().reshape(x.shape[0], groups, -1)
+    centered = h - h.mean(-1, keepdim=True)
+    var = (centered * centered).mean(-1, keepdim=True)
+    h = (centered * torch.rsqrt(var + eps)).reshape(x.shape)
+    view = (-1,) + (1,) * (x.dim() - 2)
+    return (h * w.float().reshape(view) + b.float().reshape(view)).to(x.dtype)
+
+
 # -- numerics="fast": fused kernels, lower precision allowed ------------------------------
 def batch_norm_fast(x, w, b, mean, var, eps):
     return F.batch_norm(x, mean, var, w, b, False, 0.0, eps)
+
+
+def group_norm_fast(x, w, b, groups, eps):
+    return F.group_norm(x, groups, w, b, eps)
 
 
 def rms_norm_fast(x, w, eps):

@@ -16,6 +16,7 @@ from linnet.weights.maps.config import MISSING, FieldSpec, Requirement
 from linnet.weights.maps.gguf import GgufFlag, GgufKey, GgufSpec, GgufTransform
 from linnet.weights.maps.loading import (
     all_weights_maps,
+    architecture_of,
     find_weights_map,
     load_weights_map,
     maps_dir,
@@ -40,6 +41,7 @@ __all__ = [
     "Transform",
     "WeightsMap",
     "all_weights_maps",
+    "architecture_of",
     "find_weights_map",
     "load_weights_map",
     "maps_dir",

@@ -162,6 +162,25 @@ def _write_resnet_widths(hf: dict, value: Any) -> None:
     hf["embedding_size"], hf["hidden_sizes"] = int(value[0]), [int(v) for v in value[1:]]
 
 
+def _read_vae_channels(config: Mapping, field_name: str) -> Any:
+    """AutoencoderKL's decoder: the mid block's width (`block_out_channels[-1]`), then each
+    up block's output, widest first (`block_out_channels` reversed)."""
+    sizes = config.get("block_out_channels", [64])
+    if not isinstance(sizes, list) or not sizes:
+        raise ConfigError(f"config.json: block_out_channels must be a list of ints, got {sizes!r}")
+    blocks = {f"block_out_channels[{i}]": v for i, v in enumerate(sizes)}
+    widths = [_int(blocks, k, 0) for k in blocks]
+    return [widths[-1], *reversed(widths)]
+
+
+def _write_vae_channels(hf: dict, value: Any) -> None:
+    """block_out_channels, and one encoder and one decoder block type per width (diffusers
+    builds as many blocks as the type lists name)."""
+    hf["block_out_channels"] = [int(v) for v in reversed(value[1:])]
+    hf["down_block_types"] = ["DownEncoderBlock2D"] * (len(value) - 1)
+    hf["up_block_types"] = ["UpDecoderBlock2D"] * (len(value) - 1)
+
+
 COMPUTED: dict[str, Computed] = {
     c.name: c
     for c in (
@@ -170,5 +189,6 @@ COMPUTED: dict[str, Computed] = {
         Computed("mlp_ratio_ffn", _read_mlp_ratio_ffn, _write_mlp_ratio_ffn),
         Computed("global_every", _read_global_every, _write_global_every),
         Computed("resnet_widths", _read_resnet_widths, _write_resnet_widths),
+        Computed("vae_channels", _read_vae_channels, _write_vae_channels),
     )
 }

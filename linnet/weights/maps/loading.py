@@ -37,7 +37,11 @@ TOP_KEYS = {
     "model_type",
     "gguf",
     "buffers",
+    "config_format",
 }
+
+
+CONFIG_FORMATS = ("transformers", "diffusers")
 
 
 def maps_dir() -> Path:
@@ -276,10 +280,30 @@ def load_weights_map(path: str | Path, _seen: tuple[Path, ...] = ()) -> WeightsM
         path=path,
         hf_prefix=data.get("hf_prefix", base_prefix or (base.hf_prefix if base else "")),
         model_type=str(data.get("model_type", base.model_type if base else "")),
+        config_format=_config_format(path, data, base),
         gguf=parse_gguf(path, data.get("gguf"), base.gguf if base else None),
         buffers={**(base.buffers if base else {}), **_parse_buffers(path, data.get("buffers", {}))},
         **parts,
     )
+
+
+def _config_format(path: Path, data: dict, base) -> str:
+    """How config.json names the class: "transformers" (`architectures`, `model_type`) or
+    "diffusers" (`_class_name`)."""
+    value = data.get("config_format", base.config_format if base else "transformers")
+    if value not in CONFIG_FORMATS:
+        raise _fail(path, f"config_format must be one of {CONFIG_FORMATS}, got {value!r}")
+    return value
+
+
+def architecture_of(hf_config: dict) -> str | None:
+    """The class a config.json names: transformers' `architectures[0]`, else diffusers'
+    `_class_name`; None when it names none."""
+    archs = hf_config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    name = hf_config.get("_class_name")
+    return name if isinstance(name, str) and not archs else None
 
 
 def all_weights_maps(folder: Path | None = None) -> dict[str, Path]:

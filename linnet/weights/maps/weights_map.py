@@ -72,6 +72,7 @@ class WeightsMap:
     present: dict[str, str] = field(default_factory=dict)  # bool field -> HF tensor
     hf_prefix: str = ""
     model_type: str = ""
+    config_format: str = "transformers"  # or "diffusers": the class is `_class_name`
     gguf: GgufSpec | None = None
     buffers: dict[str, Buffer] = field(default_factory=dict)
     _ignore_regexes: list[re.Pattern] = field(init=False, repr=False)
@@ -176,9 +177,12 @@ class WeightsMap:
     def config_to_hf(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Source config values -> a config.json dict that `translate_config` reads back to
         the same values (fields the map does not name are left out)."""
-        if not self.model_type:
+        if self.config_format == "diffusers":
+            out: dict[str, Any] = {"_class_name": self.architecture}
+        elif not self.model_type:
             raise ConfigError(f"{self.path.name}: no model_type, so no config.json can be made")
-        out: dict[str, Any] = {"architectures": [self.architecture], "model_type": self.model_type}
+        else:
+            out = {"architectures": [self.architecture], "model_type": self.model_type}
         out.update(cfg.to_hf(self.fields, self.const, self.require, values, self.path.name))
         return out
 

@@ -1,0 +1,199 @@
+"""Stable Diffusion's VAE decoder (zoo/sd_vae.linnet) against diffusers' AutoencoderKL.
+
+Tiny random AutoencoderKL checkpoints built by diffusers itself (`save_pretrained`: config.json
+with `_class_name`, diffusion_pytorch_model.safetensors), four up blocks as every SD VAE has:
+widths (16, 16, 32, 32) with 8 groups and one layer per block; (32, 32, 64, 64) with 32 groups
+and two layers; and one without post_quant_conv and mid-block attention. Weights are
+perturbed off diffusers' initialization (zero biases, unit norms) so none is trivial. For a
+batch of 2 latents of 3 x 5 (images 24 x 40), f32: `decode` within 1e-4 of diffusers'
+`AutoencoderKL.decode` in interpret and generated modes, on JAX and on onnxruntime (an ONNX
+export); HF exports write the diffusers layout with every decoder tensor bit-exact, and
+diffusers reads them back to identical images; a misshapen tensor fails at the plan, named.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import linnet.hf  # noqa: E402
+import linnet.torch as lt  # noqa: E402
+from linnet.check.elaborate import check_source  # noqa: E402
+from linnet.errors import CheckpointError  # noqa: E402
+from linnet.model import Decoder  # noqa: E402
+from linnet.source import Source  # noqa: E402
+from linnet.weights.planning import plan_checkpoint  # noqa: E402
+from tests.numeric import assert_close  # noqa: E402
+
+TOL = 1e-4
+FAST_TOL = 1e-3
+# name -> AutoencoderKL arguments beyond the four block types
+VARIANTS = {
+    "groups8": dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8),
+    "groups32": dict(block_out_channels=(32, 32, 64, 64), layers_per_block=2, norm_num_groups=32),
+    "bare": dict(
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        use_post_quant_conv=False,
+        mid_block_add_attention=False,
+    ),
+}
+
+
+def build(root, name: str):
+    """A tiny AutoencoderKL saved by diffusers, its weights drawn off the initialization."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(sorted(VARIANTS).index(name))
+    model = AutoencoderKL(
+        latent_channels=4,
+        sample_size=32,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        **VARIANTS[name],
+    ).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = root / name
+    model.save_pretrained(folder)
+    return folder
+
+
+@torch.no_grad()
+def reference(folder, latents) -> torch.Tensor:
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL.from_pretrained(folder).eval().decode(latents).sample
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sd-vae")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = build(root, name)
+            latents = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(7))
+            cache[name] = folder, latents, reference(folder, latents)
+        return cache[name]
+
+    return get
+
+
+def check(name, got, want, tol) -> None:
+    got = got if isinstance(got, torch.Tensor) else torch.from_numpy(np.array(got))
+    delta = assert_close(got, want, atol=tol, what=name, dtype=True)  # NaN fails
+    print(f"{name}: max |Δ| = {delta:.2e} (|ref| up to {want.abs().max():.2f})")
+
+
+@pytest.mark.parametrize(
+    "mode, numerics",
+    [("interpret", "equivalent"), ("generated", "equivalent"), ("generated", "fast")],
+)
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_decode_matches_diffusers(built, name, mode, numerics):
+    folder, latents, want = built(name)
+    model = lt.load(folder, mode=mode, numerics=numerics)
+    assert model.entries == ["decode"]
+    assert not isinstance(model, Decoder)  # a stateless `decode` is no text decoder
+    tol = TOL if numerics == "equivalent" else FAST_TOL
+    check(f"{name} {mode}/{numerics}", model.run("decode", latents), want, tol)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_jax_matches_diffusers(built, name):
+    import linnet.jax as lj
+
+    folder, latents, want = built(name)
+    check(f"{name} jax", lj.load(folder).run("decode", latents.numpy()), want, TOL)
+
+
+@pytest.mark.parametrize("name", ["groups8", "bare"])
+def test_onnx_matches_diffusers(built, tmp_path, name):
+    import linnet.onnx
+
+    folder, latents, want = built(name)
+    model = linnet.onnx.load(linnet.onnx.export(folder, tmp_path / "onnx", progress=False))
+    assert not isinstance(model, Decoder)
+    check(f"{name} onnx", model.run("decode", latents.numpy()), want, TOL)
+    other = torch.randn(1, 4, 2, 4)  # any latent size: the image is 8x it
+    check(f"{name} onnx 2x4", model.run("decode", other.numpy()), reference(folder, other), TOL)
+
+
+def test_the_source_checks_clean():
+    assert check_source(Source.load("zoo/sd_vae.linnet").module) == []
+
+
+def _tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path / "diffusion_pytorch_model.safetensors")
+
+
+@pytest.mark.parametrize("name", ["groups8", "bare"])
+def test_hf_export_writes_the_diffusers_layout(built, tmp_path, name):
+    from diffusers import AutoencoderKL
+
+    src, latents, want = built(name)
+    original = _tensors(src)
+    decoder = {k for k in original if not k.startswith(("encoder.", "quant_conv."))}
+    for how, what in (("path", src), ("model", lt.load(src))):
+        out = linnet.hf.export(what, tmp_path / how, progress=False)
+        assert sorted(p.name for p in out.iterdir()) == [
+            "config.json",
+            "diffusion_pytorch_model.safetensors",
+        ]
+        got = _tensors(out)
+        assert set(got) == decoder  # the encoder is not part of the source
+        for k in decoder:
+            assert got[k].dtype == original[k].dtype and torch.equal(got[k], original[k]), k
+        assert json.loads((out / "config.json").read_text()) == json.loads(
+            (src / "config.json").read_text()
+        )
+        with torch.no_grad():
+            image = AutoencoderKL.from_pretrained(out).eval().decode(latents).sample
+        assert torch.equal(image, want)
+
+
+def test_config_round_trips_through_the_map(built):
+    from diffusers import AutoencoderKL
+
+    from linnet.weights.maps import find_weights_map
+
+    folder = built("groups32")[0]
+    hf = json.loads((folder / "config.json").read_text())
+    wmap = find_weights_map("AutoencoderKL")
+    config = wmap.translate_config(hf)
+    assert config["channels"] == [64, 64, 64, 32, 32] and config["layers"] == 2
+    written = wmap.config_to_hf(config)
+    assert wmap.translate_config(written) == config
+    rebuilt = AutoencoderKL.from_config(written)  # diffusers builds the same decoder
+    assert {k: v.shape for k, v in rebuilt.decoder.state_dict().items()} == {
+        k[len("decoder.") :]: v.shape
+        for k, v in _tensors(folder).items()
+        if k.startswith("decoder.")
+    }
+
+
+def test_a_misshapen_tensor_fails_at_the_plan(built, tmp_path):
+    from safetensors.torch import save_file
+
+    src = built("groups8")[0]
+    tensors = _tensors(src)
+    name = "decoder.up_blocks.1.resnets.0.conv1.weight"
+    tensors[name] = tensors[name][:, :, :2].contiguous()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file(tensors, bad / "diffusion_pytorch_model.safetensors", metadata={"format": "pt"})
+    (bad / "config.json").write_text((src / "config.json").read_text())
+    plan, *_ = plan_checkpoint(bad)
+    with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+        plan.check()
