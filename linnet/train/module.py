@@ -18,6 +18,7 @@ from linnet.backends.torch.codegen import generate_graphs, lower_entries
 from linnet.backends.torch.runners import load_generated
 from linnet.errors import LinnetError
 from linnet.ir.program import Program
+from linnet.train.lora import lora_dropout_source
 
 
 def training_source(program: Program, numerics: str = "equivalent") -> str:
@@ -34,10 +35,12 @@ def trainable_module(
     *,
     numerics: str = "equivalent",
     trainable: Callable[[str], bool] = lambda name: True,
+    lora_dropout: float = 0.0,
 ) -> torch.nn.Module:
     """The generated module with `params` loaded; `trainable(name)` picks the leaves that
-    get gradients."""
-    module = load_generated(training_source(program, numerics), program.name)()
+    get gradients; `lora_dropout` drops LoRA branch inputs in `train()` mode."""
+    text = lora_dropout_source(training_source(program, numerics), lora_dropout)
+    module = load_generated(text, program.name)()
     names = module.state_dict().keys()  # tied params are not attributes of their own
     missing = [n for n in names if n not in params]
     if missing:
