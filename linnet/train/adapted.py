@@ -56,6 +56,9 @@ class LoraModel:
     def _wmap(ck):
         return find_weights_map(ck.hf_config["architectures"][0])
 
+    def wmap(self):
+        return self._wmap(self.checkpoint)
+
     @property
     def dtype(self):
         return next(iter(self.base.values())).dtype
