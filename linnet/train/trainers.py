@@ -7,6 +7,7 @@ losses = trainer.run()
 
 from __future__ import annotations
 
+from linnet.train.data import DataError
 from linnet.train.loop import TrainConfig, Trainer
 from linnet.train.objectives import dpo_loss, sequence_logps, sft_loss
 from linnet.train.tokens import dpo_batches, dpo_example, sft_batches, sft_example
@@ -38,6 +39,8 @@ def dpo_step_loss(beta: float):
 
 def _sft_batches(model, tokenizer, rows, config, completion_only, pack):
     positions = model.checkpoint.config["max_positions"]
+    if pack > positions:
+        raise DataError(f"packed rows of {pack} tokens: the model has {positions} positions")
     examples = [
         sft_example(tokenizer, r, completion_only=completion_only, max_positions=positions)
         for r in rows
