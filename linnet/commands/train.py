@@ -127,9 +127,26 @@ def dpo(**o) -> None:
 
 @train.command("grpo")
 @_options
+@click.option("--group", default=4, show_default=True, type=click.IntRange(2))
+@click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=1.0, show_default=True, type=float)
+@click.option("--beta", default=0.0, show_default=True, type=float, help="KL coefficient")
 def grpo(**o) -> None:
-    """Group relative policy optimization (not built yet)."""
-    raise LinnetError("linnet train grpo is not implemented yet (issue 17); use sft or dpo")
+    """GRPO on {"prompt", "answer"} rows, rewarded 1 when the first number is the answer."""
+    from linnet.commands.run import eos_ids
+    from linnet.train.datasets import exact_answer_reward
+    from linnet.train.grpo import GrpoSettings
+    from linnet.train.trainers import grpo_trainer
+
+    model, tokenizer, rows, _, config = _setup(o, "grpo")
+    if any("answer" not in r for r in rows):
+        raise LinnetError(f"{o['data']}: every GRPO row needs an 'answer' for the reward")
+    settings = GrpoSettings(o["group"], o["max_new_tokens"], o["temperature"], o["beta"])
+    eos = eos_ids(Path(model.checkpoint.origin), tokenizer)
+    reward = lambda text, row: exact_answer_reward(text, str(row["answer"]))  # noqa: E731
+    trainer = grpo_trainer(model, tokenizer, rows, config, reward, settings, eos)
+    _finish(trainer, o)
+    click.echo(f"mean reward: first step {trainer.rewards[0]:.3f}, last {trainer.rewards[-1]:.3f}")
 
 
 @train.command("data")

@@ -90,6 +90,13 @@ class LoraModel:
     def merged_params(self) -> dict[str, torch.Tensor]:
         return merge_lora(self.base, self.adapters(), self.targets, self.spec.scale)
 
+    def sampler(self):
+        """A decoder over the merged weights as they are now, for rollouts (GRPO)."""
+        from linnet.runtime import TorchModel
+
+        ck = self.checkpoint
+        return TorchModel(ck.source, ck.config, self.merged_params(), mode="generated")
+
     def export_merged(self, out_dir, *, overwrite=False, **kwargs) -> Path:
         """The merged weights as an HF checkpoint (config and tokenizer of the base)."""
         import linnet.hf

@@ -49,7 +49,10 @@ def check_row(row, kind: str, where: str) -> dict:
         raise DataError(f"{where}: missing field {missing[0]!r} (a {kind} row has {wanted})")
     for field in fields:
         _check_messages(row[field], field, where)
-    return {k: row[k] for k in fields}
+    kept = {k: row[k] for k in fields}
+    if kind == "grpo" and "answer" in row:
+        kept["answer"] = row["answer"]
+    return kept
 
 
 def read_jsonl(path, kind: str) -> list[dict]:

@@ -78,3 +78,14 @@ def dpo_trainer(model, tokenizer, rows, config: TrainConfig, *, beta=0.1, eval_r
     batches = _dpo_batches(model, tokenizer, rows, config)
     evals = _dpo_batches(model, tokenizer, eval_rows, config) if eval_rows else []
     return Trainer(model, dpo_step_loss(beta), batches, config, eval_batches=evals)
+
+
+def grpo_trainer(model, tokenizer, rows, config: TrainConfig, reward, settings, eos) -> Trainer:
+    """A batch is `config.batch_size` prompts; each is sampled `settings.group` times."""
+    from linnet.train.grpo import GrpoLoss
+
+    loss = GrpoLoss(tokenizer, reward, settings, eos)
+    batches = [rows[i : i + config.batch_size] for i in range(0, len(rows), config.batch_size)]
+    trainer = Trainer(model, loss, batches, config)
+    trainer.rewards = loss.rewards
+    return trainer

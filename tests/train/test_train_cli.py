@@ -114,3 +114,12 @@ def test_resume_continues_as_one_run(chat_model, tmp_path):
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(straight), rtol=1e-6, atol=0)
     for name, tensor in adapters.items():
         torch.testing.assert_close(again[name], tensor, rtol=1e-5, atol=1e-7)
+
+
+def test_grpo_command_runs_on_generated_multiplications(chat_model, tmp_path):
+    data = tmp_path / "grpo.jsonl"
+    assert invoke("train", "data", "grpo", data, "--count", 4).exit_code == 0
+    args = ["--data", data, "--steps", 2, "--group", 2, "--max-new-tokens", 3, "--quiet"]
+    result = invoke("train", "grpo", chat_model, *args)
+    assert result.exit_code == 0, result.output
+    assert "mean reward: first step 0.000" in result.output  # random weights never multiply

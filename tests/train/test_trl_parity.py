@@ -11,7 +11,14 @@ from linnet.train.adapted import LoraModel
 from linnet.train.data import read_jsonl, write_jsonl
 from linnet.train.loop import TrainConfig
 from linnet.train.trainers import dpo_trainer, sft_trainer
-from tests.train.trl_reference import chat_rows, tiny_with_tokenizer, tokenizer, trl_dpo, trl_sft
+from tests.train.trl_reference import (
+    chat_rows,
+    sft_rows,
+    tiny_with_tokenizer,
+    tokenizer,
+    trl_dpo,
+    trl_sft,
+)
 
 LR = 1e-2  # large for a tiny model, so that the adapters move from the first step
 
@@ -37,12 +44,12 @@ def linnet_rows(tmp_path, rows, kind):
 
 
 @pytest.mark.parametrize(
-    "pack,completion_only,steps",
-    [(0, True, 4), (32, False, 4), (32, True, 12)],
-    ids=["padded-completions", "packed-all-tokens", "packed-completions-12-steps"],
+    "pack,completion_only,steps,messages",
+    [(0, True, 4, False), (32, False, 4, False), (32, True, 12, False), (0, False, 4, True)],
+    ids=["padded-completions", "packed-all-tokens", "packed-completions-12-steps", "messages"],
 )
-def test_sft_losses_equal_trl(chat_model, tmp_path, pack, completion_only, steps):
-    rows = chat_rows(24)
+def test_sft_losses_equal_trl(chat_model, tmp_path, pack, completion_only, steps, messages):
+    rows = sft_rows(chat_rows(24), messages)
     kw = dict(steps=steps, lr=LR, batch=2)
     want = trl_sft(chat_model, rows, tmp_path, pack=pack, completion_only=completion_only, **kw)
     model = LoraModel.from_peft(chat_model, tmp_path / "initial")

@@ -49,7 +49,8 @@ def tokenizer(folder):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    tok.pad_token = PAD
+    if tok.pad_token is None:
+        tok.pad_token = PAD if PAD in tok.get_vocab() else tok.eos_token
     return tok
 
 
@@ -110,10 +111,16 @@ def _run(trainer_cls, config, folder, rows, adapter_dir: Path) -> list[float]:
     return trainer.recorded
 
 
+def sft_rows(rows, messages=False) -> list[dict]:
+    """Prompt-completion rows, or with `messages` the whole conversation in one field."""
+    if messages:
+        return [{"messages": r["prompt"] + r["completion"]} for r in rows]
+    return [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
+
+
 def trl_sft(folder, rows, out: Path, *, steps, lr, batch, pack=0, completion_only=True):
     from trl import SFTConfig, SFTTrainer
 
-    rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
     config = SFTConfig(
         **common_args(out / "run", steps, lr, batch),
         packing=bool(pack),
@@ -135,3 +142,33 @@ def trl_dpo(folder, rows, out: Path, *, steps, lr, batch, beta=0.1):
         max_length=128,
     )
     return _run(DPOTrainer, config, folder, rows, out / "initial")
+
+
+def trl_grpo_trainer(folder, out: Path, *, group, beta, temperature, completion_length):
+    """TRL's GRPOTrainer over a PEFT LoRA model (its reward and data unused: the test
+    hands `_compute_loss` fixed completions)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(
+        **common_args(out / "run", 1, 1e-3, group),
+        num_generations=group,
+        beta=beta,
+        temperature=temperature,
+        max_completion_length=completion_length,
+        loss_type="dapo",
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    )
+    prompt = [{"role": "user", "content": "w5 w6"}]
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": prompt}] * group),
+        processing_class=tokenizer(folder),
+        peft_config=LoraConfig(**LORA),
+    )
