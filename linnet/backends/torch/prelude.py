@@ -173,6 +173,8 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     if key_mask is not None:
         scores = scores.masked_fill(key_mask.reshape(b, 1, 1, 1, t) == 0, -math.inf)
         probs = _softmax_or_zero(scores).to(q.dtype)  # a query with no key left: zeros
+    elif scores.requires_grad:  # training: autograd keeps what the softmax read
+        probs = softmax_ref(scores, -1).to(q.dtype)
     else:  # softmax_ref, in place on scores (a fresh f32 tensor here)
         scores.sub_(scores.amax(-1, keepdim=True)).exp_()
         probs = scores.div_(scores.sum(-1, keepdim=True)).to(q.dtype)

@@ -1,0 +1,110 @@
+"""A checkpoint with LoRA adapters, ready to train: the base frozen, the adapters leaves.
+
+model = LoraModel.load("path/to/checkpoint", LoraSpec(("layers.*.wq",), r=8))
+logits = model(ids)                    # adapted, differentiable in the adapters
+ref = model.reference(ids)             # the same weights with adapters disabled
+model.save_adapter("out/adapter")      # PEFT's format
+model.export_merged("out/merged")      # merged into the base, through linnet.hf.export
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from linnet.train.lora import LoraSpec, add_lora, init_lora, lora_names
+from linnet.train.module import trainable_module
+from linnet.train.peft_format import load_adapter, merge_lora, save_adapter
+from linnet.weights.checkpoint import open_checkpoint
+from linnet.weights.maps.loading import find_weights_map
+
+
+class LoraModel:
+    def __init__(self, checkpoint, spec: LoraSpec, *, adapters=None, seed=0, numerics="equivalent"):
+        self.checkpoint = checkpoint  # an OpenCheckpoint
+        self.spec = spec
+        self.numerics = numerics
+        self.base_program = checkpoint.source.program(checkpoint.config)
+        self.base = checkpoint.torch_params()
+        self.program, self.targets = add_lora(self.base_program, spec)
+        initial = init_lora(self.program, self.targets, seed)
+        initial.update(adapters or {})
+        self.adapter_names = [n for t in self.targets for n in lora_names(t)]
+        self.module = trainable_module(
+            self.program,
+            {**self.base, **{k: v.to(self.dtype) for k, v in initial.items()}},
+            trainable=lambda name: name in self.adapter_names,
+            lora_dropout=spec.dropout,
+            numerics=numerics,
+        )
+        self._reference = None
+
+    @classmethod
+    def load(cls, path, spec: LoraSpec, *, dtype="f32", **kwargs) -> LoraModel:
+        return cls(open_checkpoint(path, dtype=dtype), spec, **kwargs)
+
+    @classmethod
+    def from_peft(cls, path, adapter_folder, *, dtype="f32", **kwargs) -> LoraModel:
+        """The checkpoint with a PEFT adapter folder's LoRA weights (and its r, alpha)."""
+        ck = open_checkpoint(path, dtype=dtype)
+        names = ck.source.program(ck.config).params
+        adapters, spec, _ = load_adapter(adapter_folder, cls._wmap(ck), names)
+        return cls(ck, spec, adapters=adapters, **kwargs)
+
+    @staticmethod
+    def _wmap(ck):
+        return find_weights_map(ck.hf_config["architectures"][0])
+
+    def wmap(self):
+        return self._wmap(self.checkpoint)
+
+    @property
+    def dtype(self):
+        return next(iter(self.base.values())).dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.module(ids)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def reference(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the base weights (adapters disabled), without gradients."""
+        if self._reference is None:
+            self._reference = trainable_module(
+                self.base_program, self.base, trainable=lambda n: False, numerics=self.numerics
+            )
+        with torch.no_grad():
+            return self._reference(ids)
+
+    def adapters(self) -> dict[str, torch.Tensor]:
+        params = dict(self.module.named_parameters())
+        return {n: params[n].detach() for n in self.adapter_names}
+
+    def save_adapter(self, folder) -> Path:
+        wmap = self._wmap(self.checkpoint)
+        origin = str(self.checkpoint.origin)
+        return save_adapter(folder, self.adapters(), self.spec, self.targets, wmap, origin)
+
+    def merged_params(self) -> dict[str, torch.Tensor]:
+        return merge_lora(self.base, self.adapters(), self.targets, self.spec.scale)
+
+    def sampler(self):
+        """A decoder over the merged weights as they are now, for rollouts (GRPO)."""
+        from linnet.runtime import TorchModel
+
+        ck = self.checkpoint
+        return TorchModel(ck.source, ck.config, self.merged_params(), mode="generated")
+
+    def export_merged(self, out_dir, *, overwrite=False, **kwargs) -> Path:
+        """The merged weights as an HF checkpoint (config and tokenizer of the base)."""
+        import linnet.hf
+        from linnet.runtime import TorchModel
+
+        ck = self.checkpoint
+        model = TorchModel(ck.source, ck.config, self.merged_params(), hf_config=ck.hf_config)
+        tokenizer = ck.origin if Path(str(ck.origin)).is_dir() else None
+        return linnet.hf.export(
+            model, out_dir, tokenizer=tokenizer, overwrite=overwrite, progress=False, **kwargs
+        )

@@ -1,0 +1,126 @@
+"""GRPO as TRL defines it (loss_type "dapo", one iteration per generation): each prompt's
+group of completions sampled with Linnet's own generation from the current adapted
+weights, rewards scored, advantages normalized within the group, and
+
+    loss = sum over tokens of -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+           + beta * ratio * (exp(ref - logp) - (ref - logp) - 1),  divided by the completion tokens
+
+with ratio = exp(logp - old_logp) (1 on the step that sampled, as in TRL's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from linnet.train.tokens import chat_ids
+
+
+@dataclass
+class GrpoSettings:
+    group: int = 4  # completions per prompt
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    beta: float = 0.0  # KL coefficient (TRL's default: none)
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # default: epsilon
+    bias_correction_kl: bool = True  # the KL term weighted by the ratio (TRL's default)
+
+
+def completion_logps(logits: torch.Tensor, completion: torch.Tensor, temperature: float):
+    """Log-probs [G, C] of the completion tokens from logits over prompt + completion."""
+    width = completion.shape[1]
+    scores = logits[:, -width - 1 : -1].float() / temperature
+    logps = torch.log_softmax(scores, dim=-1)
+    return logps.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """TRL's `scale_rewards="group"`: (r - mean) / (std + 1e-4) within one group."""
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+
+
+def grpo_token_loss(logps, old_logps, ref_logps, advantages, settings: GrpoSettings):
+    """The clipped objective (and KL term) per token [G, C]."""
+    high = settings.epsilon_high if settings.epsilon_high is not None else settings.epsilon
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - settings.epsilon, 1 + high)
+    adv = advantages.unsqueeze(1)
+    loss = -torch.min(ratio * adv, clipped * adv)
+    if settings.beta:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        loss = loss + settings.beta * (kl * ratio if settings.bias_correction_kl else kl)
+    return loss
+
+
+def group_token_loss(model, ids, completion, mask, advantages, settings, old_logps=None):
+    """(summed token loss, completion tokens) of one group: `ids` [G, P + C] the prompt
+    and completions, `old_logps` those the completions were sampled with (default: the
+    current ones, detached)."""
+    # zero past each completion's end, as TRL has them (no exp of a stray value overflows)
+    logps = completion_logps(model(ids), completion, settings.temperature) * mask
+    ref = None
+    if settings.beta:
+        ref = completion_logps(model.reference(ids), completion, settings.temperature) * mask
+    old = logps.detach() if old_logps is None else old_logps
+    token = grpo_token_loss(logps, old, ref, advantages, settings)
+    return (token * mask).sum(), mask.sum()
+
+
+def completion_mask(completion: torch.Tensor, eos: list[int]) -> torch.Tensor:
+    """1 up to and including the first end-of-sequence token of each row."""
+    ended = (
+        torch.isin(completion, torch.tensor(eos)) if eos else torch.zeros_like(completion).bool()
+    )
+    after = ended.int().cumsum(1) - ended.int()  # ends seen before this token
+    return (after == 0).long()
+
+
+@dataclass
+class GrpoLoss:
+    """`loss_fn` for the `Trainer`: a batch is a list of rows ({"prompt", "answer"})."""
+
+    tokenizer: object
+    reward: object  # reward(completion text, row) -> float
+    settings: GrpoSettings
+    eos: list[int]
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    rewards: list = field(default_factory=list)  # mean reward per step
+
+    def sample(self, model, prompt: list[int]) -> torch.Tensor:
+        """`group` completions [G, C] of one prompt, from the current adapted weights."""
+        decoder = model.sampler()
+        ids = torch.tensor([prompt] * self.settings.group)
+        out = decoder.generate(
+            ids,
+            self.settings.max_new_tokens,
+            eos_token_id=self.eos,
+            do_sample=True,
+            temperature=self.settings.temperature,
+            generator=self.generator,
+        )
+        return out[:, len(prompt) :]
+
+    def group_loss(self, model, prompt: list[int], completion, rewards):
+        """Summed token loss of one group and its completion token count."""
+        mask = completion_mask(completion, self.eos)
+        ids = torch.cat([torch.tensor([prompt] * len(completion)), completion], dim=1)
+        return group_token_loss(
+            model, ids, completion, mask, group_advantages(rewards), self.settings
+        )
+
+    def __call__(self, model, rows):
+        total, count, scores = 0.0, 0, []
+        for row in rows:
+            prompt = chat_ids(self.tokenizer, row["prompt"], generation_prompt=True)
+            with torch.no_grad():
+                completion = self.sample(model, prompt)
+            texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
+            rewards = torch.tensor([float(self.reward(t, row)) for t in texts])
+            scores += rewards.tolist()
+            summed, tokens = self.group_loss(model, prompt, completion, rewards)
+            total, count = total + summed, count + tokens
+        self.rewards.append(sum(scores) / len(scores))
+        return total / max(int(count), 1)

@@ -1,0 +1,91 @@
+"""SFT and DPO on a LoRA model: rows to batches, the loss per batch, one `Trainer`.
+
+trainer = sft_trainer(model, tokenizer, rows, TrainConfig(steps=30), pack=256)
+trainer = dpo_trainer(model, tokenizer, rows, TrainConfig(steps=30), beta=0.1)
+losses = trainer.run()
+"""
+
+from __future__ import annotations
+
+from linnet.train.data import DataError
+from linnet.train.loop import TrainConfig, Trainer
+from linnet.train.objectives import dpo_loss, sequence_logps, sft_loss
+from linnet.train.tokens import dpo_batches, dpo_example, sft_batches, sft_example
+
+
+def pad_id(tokenizer) -> int:
+    """The tokenizer's pad (or eos) id; padding sits after every real token and is never
+    labelled, so under a causal mask any id would do."""
+    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if value is not None:
+            return value
+    return 0
+
+
+def sft_step_loss(model, batch):
+    ids, labels = batch
+    return sft_loss(model(ids), labels)
+
+
+def dpo_step_loss(beta: float):
+    def loss(model, batch):
+        ids, labels = batch
+        return dpo_loss(
+            sequence_logps(model(ids), labels), sequence_logps(model.reference(ids), labels), beta
+        )
+
+    return loss
+
+
+def _sft_batches(model, tokenizer, rows, config, completion_only, pack):
+    positions = model.checkpoint.config["max_positions"]
+    if pack > positions:
+        raise DataError(f"packed rows of {pack} tokens: the model has {positions} positions")
+    examples = [
+        sft_example(tokenizer, r, completion_only=completion_only, max_positions=positions)
+        for r in rows
+    ]
+    return sft_batches(examples, config.batch_size, pad_id(tokenizer), pack)
+
+
+def sft_trainer(
+    model,
+    tokenizer,
+    rows,
+    config: TrainConfig,
+    *,
+    completion_only: bool = True,
+    pack: int = 0,
+    eval_rows=(),
+) -> Trainer:
+    """`pack`: rows of that many tokens, sequences end to end (0: one sequence per row)."""
+    batches = _sft_batches(model, tokenizer, rows, config, completion_only, pack)
+    evals = (
+        _sft_batches(model, tokenizer, eval_rows, config, completion_only, pack)
+        if eval_rows
+        else []
+    )
+    return Trainer(model, sft_step_loss, batches, config, eval_batches=evals)
+
+
+def _dpo_batches(model, tokenizer, rows, config):
+    positions = model.checkpoint.config["max_positions"]
+    pairs = [dpo_example(tokenizer, r, max_positions=positions) for r in rows]
+    return dpo_batches(pairs, config.batch_size, pad_id(tokenizer))
+
+
+def dpo_trainer(model, tokenizer, rows, config: TrainConfig, *, beta=0.1, eval_rows=()) -> Trainer:
+    batches = _dpo_batches(model, tokenizer, rows, config)
+    evals = _dpo_batches(model, tokenizer, eval_rows, config) if eval_rows else []
+    return Trainer(model, dpo_step_loss(beta), batches, config, eval_batches=evals)
+
+
+def grpo_trainer(model, tokenizer, rows, config: TrainConfig, reward, settings, eos) -> Trainer:
+    """A batch is `config.batch_size` prompts; each is sampled `settings.group` times."""
+    from linnet.train.grpo import GrpoLoss
+
+    loss = GrpoLoss(tokenizer, reward, settings, eos)
+    batches = [rows[i : i + config.batch_size] for i in range(0, len(rows), config.batch_size)]
+    trainer = Trainer(model, loss, batches, config)
+    trainer.rewards = loss.rewards
+    return trainer
