@@ -1,0 +1,88 @@
+"""Tiny random GptOssForCausalLM checkpoints, built by transformers (issue 16).
+
+    from tests.tiny_gpt_oss import build_gpt_oss
+    folder = build_gpt_oss("spread", tmp_path)     # or "one_expert"
+
+Source config fields (zoo/gpt_oss.linnet) that weights_maps/gpt_oss.toml writes as config.json:
+3 layers (sliding, full, sliding), a window of 4 (shorter than the 24-token probe), 4 heads
+over 2 kv heads, 4 experts with 2 per token, YaRN with an original context of 32 so the
+16-dim heads' 8 frequencies span the ramp (kept, blended, divided by the factor). Weights
+as `tests/tiny_decoders.py` draws them, then the sinks N(0, 1) (large enough to matter) and
+the router per variant: "spread" keeps the random router (tokens go to every expert),
+"one_expert" zeroes its weight and biases experts 0 and 1 so every token picks those two.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.tiny_decoders import MIN_LOGIT_GAP, _init_weights, _min_probe_gap, tiny_config
+
+ARCH = "GptOssForCausalLM"
+GPT_OSS = dict(
+    vocab=256,
+    dim=64,
+    n_layers=3,
+    n_heads=4,
+    n_kv=2,
+    head_dim=16,
+    ffn=32,
+    n_experts=4,
+    top_k=2,
+    eps=1e-5,
+    rope_scaling="yarn",
+    rope_theta=10000.0,
+    rope_factor=32.0,
+    rope_original_max=32,
+    rope_beta_fast=32.0,
+    rope_beta_slow=1.0,
+    rope_truncate=False,
+    window=4,
+    full_every=2,
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    tied=False,
+    max_positions=1024,  # factor x original context: transformers warns otherwise
+)
+VARIANTS = ("spread", "one_expert")
+_SEED = 4321
+
+
+@torch.no_grad()
+def _draw(model, seed: int, variant: str) -> None:
+    _init_weights(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    for layer in model.model.layers:
+        sinks = layer.self_attn.sinks
+        sinks.copy_(torch.randn(sinks.shape, generator=g))
+        if variant == "one_expert":
+            router = layer.mlp.router
+            router.weight.zero_()
+            router.bias.copy_(torch.tensor([3.0, 2.0, -3.0, -4.0]))
+
+
+def build_gpt_oss(variant: str, out_dir: Path, fields: dict | None = None) -> Path:
+    """The tiny checkpoint of `variant` in `out_dir / variant` (built once per folder); the
+    seed moves on until greedy choices on the probe are separated (`MIN_LOGIT_GAP`)."""
+    from transformers import AutoModelForCausalLM
+
+    target = Path(out_dir) / variant
+    if (target / "config.json").is_file():
+        return target
+    config = tiny_config(ARCH, fields or GPT_OSS)
+    for seed in range(_SEED, _SEED + 20):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation="eager"
+        )
+        _draw(model, seed, variant)
+        model.eval()
+        gap, _ = _min_probe_gap(model, config.vocab_size)
+        if gap >= MIN_LOGIT_GAP:
+            model.save_pretrained(target)
+            (target / "linnet_tiny.json").write_text(json.dumps({"seed": seed, "gap": gap}))
+            return target
+    raise RuntimeError(f"gpt-oss/{variant}: no seed gave a logit gap >= {MIN_LOGIT_GAP}")
