@@ -86,3 +86,38 @@ def build_gpt_oss(variant: str, out_dir: Path, fields: dict | None = None) -> Pa
             (target / "linnet_tiny.json").write_text(json.dumps({"seed": seed, "gap": gap}))
             return target
     raise RuntimeError(f"gpt-oss/{variant}: no seed gave a logit gap >= {MIN_LOGIT_GAP}")
+
+
+MXFP4_CONFIG = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
+PACKED = ("gate_up_proj", "down_proj")
+
+
+def to_mxfp4(folder: Path, target: Path) -> Path:
+    """A copy of a tiny checkpoint whose expert weights are MXFP4 (`_blocks` and `_scales`,
+    quantized by `linnet.weights.mxfp4.quantize`), with gpt-oss-20b's quantization_config:
+    the layout openai/gpt-oss-20b ships."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from linnet.weights import mxfp4
+
+    if (target / "config.json").is_file():
+        return target
+    shutil.copytree(folder, target)
+    tensors = load_file(target / "model.safetensors")
+    for name in [n for n in tensors if n.rsplit(".", 1)[-1] in PACKED]:
+        tensors[name + "_blocks"], tensors[name + "_scales"] = mxfp4.quantize(tensors.pop(name))
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = MXFP4_CONFIG
+    (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return target
