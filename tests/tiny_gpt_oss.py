@@ -121,3 +121,57 @@ def to_mxfp4(folder: Path, target: Path) -> Path:
     config["quantization_config"] = MXFP4_CONFIG
     (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return target
+
+
+def gpt_oss_headers(hf: dict) -> dict[str, tuple[str, list[int]]]:
+    """{name: (safetensors dtype, shape)} of a GPT-OSS checkpoint as openai ships it: BF16,
+    the experts' projections as MXFP4 `_blocks`/`_scales` pairs."""
+    d, v, e = hf["hidden_size"], hf["vocab_size"], hf["num_local_experts"]
+    hd, q, kv, f = (
+        hf["head_dim"],
+        hf["num_attention_heads"],
+        hf["num_key_value_heads"],
+        hf["intermediate_size"],
+    )
+    out = {"model.embed_tokens.weight": ("BF16", [v, d]), "lm_head.weight": ("BF16", [v, d])}
+    out["model.norm.weight"] = ("BF16", [d])
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes = {
+            "input_layernorm.weight": [d], "post_attention_layernorm.weight": [d],
+            "self_attn.q_proj.weight": [q * hd, d], "self_attn.q_proj.bias": [q * hd],
+            "self_attn.k_proj.weight": [kv * hd, d], "self_attn.k_proj.bias": [kv * hd],
+            "self_attn.v_proj.weight": [kv * hd, d], "self_attn.v_proj.bias": [kv * hd],
+            "self_attn.o_proj.weight": [d, q * hd], "self_attn.o_proj.bias": [d],
+            "self_attn.sinks": [q], "mlp.router.weight": [e, d], "mlp.router.bias": [e],
+            "mlp.experts.gate_up_proj_bias": [e, 2 * f], "mlp.experts.down_proj_bias": [e, d],
+        }  # fmt: skip
+        out.update({p + k: ("BF16", s) for k, s in shapes.items()})
+        for name, rows, cols in (("gate_up_proj", 2 * f, d), ("down_proj", d, f)):
+            out[p + f"mlp.experts.{name}_blocks"] = ("U8", [e, rows, cols // 32, 16])
+            out[p + f"mlp.experts.{name}_scales"] = ("U8", [e, rows, cols // 32])
+    return out
+
+
+def write_header_only(folder: Path, hf: dict) -> Path:
+    """A checkpoint folder whose model.safetensors has the header of `gpt_oss_headers(hf)`
+    and no data: the file is extended to its full size without writing (sparse), so headers
+    check out and nothing but the header takes disk."""
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = {"BF16": 2, "U8": 1}
+    header, offset = {}, 0
+    for name, (dtype, shape) in sorted(gpt_oss_headers(hf).items()):
+        n = sizes[dtype]
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    (folder / "config.json").write_text(json.dumps(hf))
+    return folder
