@@ -24,10 +24,10 @@ from linnet.weights.planning import source_for
 # change here: docs/adding-a-model.md).
 DECODERS = """llama-3.1-8b qwen3-8b qwen3-4b mistral-7b-instruct-v0.3 phi-3-mini-4k-instruct
 smollm2-1.7b-instruct smollm2-135m-instruct tinyllama-1.1b-chat qwen2.5-0.5b-instruct
-gpt2""".split()
+gpt2 gpt-oss-20b""".split()
 ENCODERS = ["all-minilm-l6-v2", "bert-base-uncased", "roberta-base", "modernbert-base"]
 VISION = ["resnet-18", "resnet-50", "vit-base-16-224", "dinov2-base"]
-PLANNED = """gpt-oss-20b sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
+PLANNED = """sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
 sd-vae-ft-mse sdxl-base-unet""".split()
 PROMISED = DECODERS + ENCODERS + VISION + PLANNED
 
