@@ -211,3 +211,15 @@ def test_zoo_show_unknown():
         done.exit_code == 1
         and "did you mean smollm2-135m-instruct or smollm2-1.7b-instruct?" in done.output
     )
+
+
+def test_an_entry_may_state_its_own_tiny_tolerances():
+    """gpt-oss-20b's [tiny.tolerances] replaces the tiny bf16 default for it alone; its f32
+    and every other entry keep the defaults."""
+    reg = registry()
+    moe, dense = reg.get("gpt-oss-20b"), reg.get("llama-3.1-8b")
+    own, default = (e.tolerance("torch", "bf16", "tiny-random") for e in (moe, dense))
+    assert own != default and own.rel > default.rel
+    assert moe.tolerance("torch", "f32", "tiny-random") == dense.tolerance(
+        "torch", "f32", "tiny-random"
+    )
