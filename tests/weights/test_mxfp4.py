@@ -177,3 +177,19 @@ def test_plan_of_a_20b_shaped_header_only_checkpoint(tmp_path, monkeypatch):
     plan, *_ = plan_checkpoint(folder)
     total = sum(int(np.prod(r.shape)) for r in plan.rows)
     assert abs(total / 20.9e9 - 1) < 0.03, total
+
+
+def test_quantize_rounds_like_ml_dtypes_float4_e2m1():
+    """Each element, at its block's scale, is rounded as ml_dtypes casts to float4_e2m1fn
+    (round half to even): exact midpoints between codes decide it, which random data misses."""
+    import ml_dtypes
+
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+    rng = np.random.default_rng(3)
+    rows = np.concatenate([ties, -ties, rng.uniform(-6, 6, 17).astype(np.float32), [4.0]])
+    w = np.stack([rows * 2.0**k for k in (-3, 0, 5)])[:, :, None]  # 3 blocks of 32, amax 6
+    blocks, scales = mxfp4.quantize(w)
+    np.testing.assert_array_equal(scales, 127 + np.array([-3, 0, 5]).reshape(3, 1, 1))
+    want = np.stack([(rows.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)) * 2.0**k
+                     for k in (-3, 0, 5)])[:, :, None]  # fmt: skip
+    np.testing.assert_array_equal(mxfp4.dequantize(blocks, scales), want)
