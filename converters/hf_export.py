@@ -75,6 +75,16 @@ def buffer_entries(weights: Weights, hf_name: str) -> list[Entry]:
     return out
 
 
+def packed_entries(pair) -> list[Entry]:
+    """An MXFP4 pair's `_blocks` and `_scales` as stored: the bytes of the source file
+    (mapped, not read until written), so the export is bit-exact without re-quantizing."""
+    out = []
+    for info in pair:
+        data = np.memmap(info.file, np.uint8, "r", offset=info.offsets[0], shape=info.shape)
+        out.append(Entry(None, info.name, tuple(info.shape), info.nbytes, data, "U8"))
+    return out
+
+
 def plan_shards(weights: Weights, dtype: str, max_bytes: int) -> list[list[Entry]]:
     """Entries grouped into shards: in stream order, a new shard when the next tensor
     would push the current one past `max_bytes` (a tensor bigger than that gets its own)."""
@@ -82,6 +92,14 @@ def plan_shards(weights: Weights, dtype: str, max_bytes: int) -> list[list[Entry
     shards: list[list[Entry]] = [[]]
     used = 0
     for g in weights.groups:
+        if g.hf_name in weights.packed:  # an MXFP4 pair, copied as stored
+            for e in packed_entries(weights.packed[g.hf_name]):
+                if shards[-1] and used + e.nbytes > max_bytes:
+                    shards.append([])
+                    used = 0
+                shards[-1].append(e)
+                used += e.nbytes
+            continue
         shape = g.hf_shape
         nbytes = int(np.prod(shape, dtype=np.int64)) * size
         if shards[-1] and used + nbytes > max_bytes:
@@ -157,7 +175,8 @@ def shard_names(n: int, stem: str = "model") -> list[str]:
 
 def hf_config_for(weights: Weights, dtype: str) -> dict:
     cfg = copy.deepcopy(weights.hf_config)
-    cfg.pop("quantization_config", None)
+    if not weights.packed:  # MXFP4 pairs written back keep their quantization_config
+        cfg.pop("quantization_config", None)
     if weights_stem(cfg) != "model":  # a diffusers config states no dtype
         return cfg
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]

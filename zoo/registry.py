@@ -248,6 +248,14 @@ def _default_prompts(defaults: dict, kind: str, chat: bool) -> list[str]:
     return defaults.get("chat_prompts", []) if chat and kind == "decoder" else []
 
 
+def _entry_tiny(tiny: dict, spec: dict, where: str) -> dict:
+    """[defaults.tiny.tolerances], with what the entry's own [tiny.tolerances] states."""
+    out = {b: dict(d) for b, d in tiny.items()}
+    for backend, per in _tolerances(spec.get("tiny", {}).get("tolerances", {}), where).items():
+        out.setdefault(backend, {}).update(per)
+    return out
+
+
 def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE) -> Registry:
     data = _read(entries)
     pins = read_revisions(revisions)
@@ -286,7 +294,7 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
                 backends=tuple(spec.get("backends", defaults.get("backends", ()))),
                 tolerances=tols,
                 own_tolerances=own,
-                tiny_tolerances=tiny if kind == "decoder" else {},
+                tiny_tolerances=_entry_tiny(tiny, spec, where) if kind == "decoder" else {},
                 config=dict(spec.get("config", {})),
                 kind=kind,
             )

@@ -118,7 +118,8 @@ def _heads(real: dict, small: dict) -> None:
 def _lengths(real: dict, small: dict) -> None:
     """Layers, vocab, positions, rope context and windows."""
     if "n_layers" in real:
-        small["n_layers"] = real["global_every"] + 1 if "global_every" in real else LAYERS
+        period = real.get("global_every") or real.get("full_every")  # both kinds of layer
+        small["n_layers"] = period + 1 if period else LAYERS
     if "vocab" in real:
         small["vocab"] = VOCAB
     if "max_positions" in real:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from linnet.core.dims import Poly
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 
+YARN_ATTRS = ("beta_fast", "beta_slow", "truncate", "attn_factor")  # a yarn rope's extra attrs
+
 
 @dataclass
 class Lines:
@@ -67,14 +69,17 @@ class Spell:
             attrs["low_freq"],
             attrs["high_freq"],
             attrs["original_max"],
-        )
+        ) + tuple(attrs[k] for k in YARN_ATTRS if k in attrs)  # yarn only: older specs stay
         return self.table_prefix + self.tables.setdefault(spec, f"rope{len(self.tables)}")
 
 
 def attention_operands(a, extra) -> tuple:
-    """(key mask, query positions) from the operands after q, k, v (either may be None)."""
-    mask, rest = (extra[0], extra[1:]) if a.get("masked") else (None, extra)
-    return mask, (rest[0] if rest else None)
+    """(key mask, sinks, query positions) from the operands after q, k, v (each may be
+    None), in that order."""
+    rest = list(extra)
+    mask = rest.pop(0) if a.get("masked") else None
+    sinks = rest.pop(0) if a.get("sinks") else None
+    return mask, sinks, (rest[0] if rest else None)
 
 
 def elementwise_emitters(unary: dict, infix: dict, calls: dict) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from linnet.core.dims import Poly
+from linnet.ir.library import yarn_attn_factor
 from linnet.ir.ops import norm_axis
 from linnet.ir.types import OpTypeError
 
@@ -121,25 +122,34 @@ def _merge_heads(cx, x):
     ("high_freq", "float", 4.0),
     ("original_max", "int", Poly.const(8192)),
     ("positions", "int"),
-    doc="rotary embedding (half rotation), tables built in f32 for `positions` rows",
+    ("beta_fast", "float", 32.0),
+    ("beta_slow", "float", 1.0),
+    ("truncate", "bool", True),
+    ("attn_factor", "float", None),
+    doc="rotary embedding (half rotation), tables built in f32 for `positions` rows; yarn: "
+    "beta_fast, beta_slow, truncate, attn_factor (none: 0.1 ln(factor) + 1)",
 )
-def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, positions):
+def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, positions, *yarn):
     if x.type.rank != 4:
         raise OpTypeError("rope needs [B, H, S, D]", "rank 4", str(x.type))
-    if scaling not in (None, "default", "llama3"):
-        raise OpTypeError("unsupported rope scaling", '"default" or "llama3"', repr(scaling))
+    if scaling not in (None, "default", "llama3", "yarn"):
+        raise OpTypeError(
+            "unsupported rope scaling", '"default", "llama3" or "yarn"', repr(scaling)
+        )
     cx.require_le(at + x.type.shape[2], positions, "rope positions past the table")
-    return cx.add(
-        "rope",
-        [x],
-        offset=at,
-        theta=theta,
-        scaling=scaling,
-        factor=factor,
-        low_freq=low_freq,
-        high_freq=high_freq,
-        original_max=_maybe_int(original_max),
-        positions=_maybe_int(positions),
+    attrs = dict(offset=at, theta=theta, scaling=scaling, factor=factor, low_freq=low_freq,
+                 high_freq=high_freq, original_max=_maybe_int(original_max),
+                 positions=_maybe_int(positions))  # fmt: skip
+    if scaling == "yarn":  # only yarn ropes carry these (other graphs print as before)
+        attrs.update(_yarn_attrs(factor, *yarn))
+    return cx.add("rope", [x], **attrs)
+
+
+def _yarn_attrs(factor, beta_fast, beta_slow, truncate, attn_factor) -> dict:
+    if attn_factor is None and isinstance(factor, float):
+        attn_factor = yarn_attn_factor(factor)
+    return dict(
+        beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate, attn_factor=attn_factor
     )
 
 
@@ -153,15 +163,41 @@ def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, 
     ("window", "int", Poly.const(0)),
     ("scale", "float", None),
     ("mask", "tensor?", None),
+    ("sinks", "tensor?", None),
     doc="softmax(q k^T * scale + mask) v; GQA from the head counts; window 0: none, else "
     "causal: the last `window` keys, bidirectional: keys within window // 2 either side; "
-    "mask: a key padding mask [B, T] (nonzero attends)",
+    "mask: a key padding mask [B, T] (nonzero attends); sinks: a logit per head [H] that "
+    "joins each softmax's denominator (GPT-OSS)",
 )
-def _attention(cx, q, k, v, causal, q_offset, window, scale, mask):
+def _attention(cx, q, k, v, causal, q_offset, window, scale, mask, sinks):
     attrs = dict(causal=causal, q_offset=q_offset, window=_maybe_int(window), scale=scale)
+    if sinks is not None:
+        if mask is not None:
+            raise OpTypeError("attention takes a mask or sinks, not both", "one", "both")
+        return cx.add("attention", [q, k, v, sinks], sinks=True, **attrs)
     if mask is None:  # no attr at all: unmasked graphs print as they always did
         return cx.add("attention", [q, k, v], **attrs)
     return cx.add("attention", [q, k, v, mask], masked=True, **attrs)
+
+
+@builtin(
+    "moe",
+    ("x", "tensor"),
+    ("router_w", "tensor"),
+    ("router_b", "tensor"),
+    ("w_in", "tensor"),
+    ("b_in", "tensor"),
+    ("w_out", "tensor"),
+    ("b_out", "tensor"),
+    ("top_k", "int"),
+    ("alpha", "float"),
+    ("limit", "float"),
+    doc="mixture of experts (GPT-OSS): top_k experts per token by the router, softmax over "
+    "their logits; each expert a clamped SwiGLU with gate/up interleaved in w_in [E, D, 2F]",
+)
+def _moe(cx, x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit):
+    ins = [x, router_w, router_b, w_in, b_in, w_out, b_out]
+    return cx.add("moe", ins, top_k=_maybe_int(top_k), alpha=alpha, limit=limit)
 
 
 @builtin("cumsum", ("x", "tensor"), doc="running sum along the last axis")

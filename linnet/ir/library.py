@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from linnet.core.dims import Poly
+from linnet.ir.library_moe import moe
 
 F32 = "f32"
 
@@ -84,9 +85,12 @@ def rope_inv_freq(
     low_freq: float,
     high_freq: float,
     original_max: int,
+    **yarn,
 ) -> np.ndarray:
-    """Inverse frequencies in f32, as transformers computes them (llama3 included)."""
+    """Inverse frequencies in f32, as transformers computes them (llama3 and yarn included)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    if scaling == "yarn":
+        return yarn_inv_freq(head_dim, theta, factor, original_max, exponent, **yarn)
     inv = (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
     if scaling != "llama3":
         return inv
@@ -100,17 +104,59 @@ def rope_inv_freq(
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def yarn_inv_freq(head_dim, theta, factor, original_max, exponent, *, beta_fast, beta_slow,
+                  truncate, attn_factor):  # fmt: skip
+    """YaRN (transformers' `_compute_yarn_parameters`): each frequency blends the original
+    (extrapolation) and the one divided by `factor` (interpolation) by a linear ramp over the
+    dims whose rotations in `original_max` positions lie between beta_slow and beta_fast."""
+    f32 = np.float32
+    pos_freqs = np.power(f32(theta), exponent).astype(f32)
+    extrapolation = (f32(1.0) / pos_freqs).astype(f32)
+    interpolation = (f32(1.0) / (f32(factor) * pos_freqs)).astype(f32)
+
+    def correction_dim(rotations):
+        return head_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    ramp = (np.arange(head_dim // 2, dtype=f32) - f32(low)) / f32(high - low)
+    keep = (f32(1.0) - np.clip(ramp, 0, 1)).astype(f32)  # 1: extrapolate (high frequencies)
+    return (interpolation * (f32(1.0) - keep) + extrapolation * keep).astype(f32)
+
+
+def yarn_attn_factor(factor: float) -> float:
+    """YaRN's default scale of cos and sin: 0.1 ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
 @functools.lru_cache(maxsize=16)
 def rope_tables(head_dim: int, positions: int, **spec) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables [positions, head_dim / 2], computed in f32. Cached: every rope
     of a model shares one pair (a graph has two ropes per layer; do not write to them)."""
     inv = rope_inv_freq(head_dim, **spec)
     freqs = np.arange(positions, dtype=np.float32)[:, None] * inv[None, :]
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    gain = np.float32(spec.get("attn_factor", 1.0))  # yarn scales both tables
+    return (np.cos(freqs) * gain).astype(np.float32), (np.sin(freqs) * gain).astype(np.float32)
 
 
 def rope(
-    b, x, at=None, *, offset, positions, theta, scaling, factor, low_freq, high_freq, original_max
+    b,
+    x,
+    at=None,
+    *,
+    offset,
+    positions,
+    theta,
+    scaling,
+    factor,
+    low_freq,
+    high_freq,
+    original_max,
+    **yarn,
 ):
     t = b.type_of(x)
     bsz, heads, seq, dim = t.shape
@@ -124,6 +170,7 @@ def rope(
         low_freq=low_freq,
         high_freq=high_freq,
         original_max=original_max,
+        **yarn,
     )
     rows = {}
     for name, table in (("cos", cos), ("sin", sin)):
@@ -143,11 +190,15 @@ def rope(
     return b.add("concat", [out1, out2], axis=-1)
 
 
-def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None, masked=False):
-    """`extra`: the key padding mask when `masked`, then the query positions if given."""
-    key_mask = extra[0] if masked else None
-    q_positions = (extra[1:] if masked else extra) or (None,)
-    q_positions = q_positions[0]
+def attention(
+    b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None, masked=False, sinks=False
+):
+    """`extra`: the key padding mask when `masked`, the sinks when `sinks`, then the query
+    positions if given."""
+    rest = list(extra)
+    key_mask = rest.pop(0) if masked else None
+    sink = rest.pop(0) if sinks else None
+    q_positions = rest[0] if rest else None
     qt, kt = b.type_of(q), b.type_of(k)
     bsz, heads, seq, dim = qt.shape
     kv_heads, keys = kt.shape[1], kt.shape[2]
@@ -181,10 +232,26 @@ def attention(b, q, k, v, *extra, causal=True, q_offset=0, window=0, scale=None,
         keep = b.add("reshape", [keep], shape=(bsz, one, one, one, keys))  # (B, 1, 1, 1, T)
         scores = b.add("where", [keep, scores, _const(b, -math.inf, F32)])
         probs = b.add("cast", [_softmax_or_zero(b, scores)], dtype=qt.dtype)
+    elif sink is not None:
+        sink = b.add("reshape", [sink], shape=(one, kv_heads, Poly.const(groups), one, one))
+        probs = b.add("cast", [_softmax_with_sink(b, scores, sink)], dtype=qt.dtype)
     else:
         probs = b.add("cast", [softmax(b, scores, axis=-1)], dtype=qt.dtype)
     out = b.add("matmul", [probs, v5])  # (B, KV, G, S, D)
     return b.add("reshape", [out], shape=(bsz, heads, seq, dim))
+
+
+def _softmax_with_sink(b, scores, sink):
+    """Softmax of f32 scores over the last axis with one more logit per head in the
+    denominator (the sink, GPT-OSS): exp(s - m) / (sum exp(s - m) + exp(sink - m)), m the
+    max over the scores and the sink, as transformers' concatenate-then-softmax."""
+    sink = b.add("cast", [sink], dtype=F32)
+    top = b.add("maximum", [b.add("reduce_max", [scores], axis=-1), sink])
+    e = b.add("exp", [b.add("sub", [scores, top])])
+    total = b.add(
+        "add", [b.add("reduce_sum", [e], axis=-1), b.add("exp", [b.add("sub", [sink, top])])]
+    )
+    return b.add("div", [e, total])
 
 
 def _softmax_or_zero(b, scores):
@@ -336,4 +403,5 @@ DECOMPOSITIONS = {
     "batch_norm": batch_norm,
     "group_norm": group_norm,
     "upsample_nearest": upsample_nearest,
+    "moe": moe,
 }

@@ -59,10 +59,6 @@ def same_dtype(types: list[TensorType], what: str) -> str:
     return types[0].dtype
 
 
-def dims_equal(a: Poly, b: Poly) -> bool:
-    return a == b
-
-
 def broadcast(types: list[TensorType], what: str) -> tuple[Poly, ...]:
     rank = max(t.rank for t in types)
     out: list[Poly] = []
@@ -367,14 +363,17 @@ def _rope(ins, attrs):
     "library",
     "softmax(q k^T * scale + mask) v with GQA, causal/window masks (a window without causal: "
     "|q - k| <= window // 2, symmetric); with attrs['masked'] "
-    "the next operand is a key padding mask [B, T] (nonzero: attend); an optional last "
-    "operand gives the query positions as a tensor (instead of q_offset)",
-    arity=(3, 5),
+    "the next operand is a key padding mask [B, T] (nonzero: attend); with attrs['sinks'] the "
+    "next one holds a logit per head that joins each softmax's denominator (GPT-OSS); an "
+    "optional last operand gives the query positions as a tensor (instead of q_offset)",
+    arity=(3, 6),
 )
 def _attention(ins, attrs):
     q, k, v = ins[:3]
     if attrs.get("masked"):
         _key_mask(q, k, ins[3] if len(ins) > 3 else None)
+    if attrs.get("sinks"):
+        ops_moe.check_sinks(q, ins[4 if attrs.get("masked") else 3])
     dtype = same_dtype(ins[:3], "attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.rank != 4:
@@ -496,5 +495,5 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
         )
 
 
-# -- image ops beyond convolution: group norm, nearest upsampling (linnet/ir/ops_image.py) --
-from linnet.ir import ops_image  # noqa: E402, F401  (registers its ops into OPS)
+# Ops registered from their own modules: group norm and nearest upsampling, the moe op.
+from linnet.ir import ops_image, ops_moe  # noqa: E402, F401  (they register into OPS)

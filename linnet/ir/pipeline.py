@@ -26,9 +26,12 @@ from linnet.ir.state_split import split_states
 # Library ops ONNX has a native op for; its pipeline decomposes the others.
 ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
-    | {"attention"}
+    | {"attention", "moe"}
     | {"group_norm", "upsample_nearest"}  # GroupNormalization (opset 21), Resize (issue 15)
 )
+# The mixture of experts stays whole on every backend: its decomposition is dense (every
+# expert on every token), a reference for tests; the emitters read only the chosen experts.
+KEEP_NATIVE = frozenset({"moe"})
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Ready:
 
 
 DEDUPE_GUARDS = Pass("dedupe_guards", dedupe_guards)
-DECOMPOSE = Pass("decompose", decompose)
+DECOMPOSE = Pass("decompose", partial(decompose, keep=KEEP_NATIVE))
+DECOMPOSE_ALL = Pass("decompose", decompose)
 DECOMPOSE_FOR_ONNX = Pass("decompose", partial(decompose, keep=ONNX_NATIVE_OPS))
 FUSE_LINEARS = Pass("fuse_linears", fuse_linears, reports=True)
 SPLIT_STATES = Pass("split_states", split_states, reports=True)
@@ -67,7 +71,7 @@ PIPELINES: dict[str, tuple[Pass, ...]] = {
     "torch.cudagraphs": (DEDUPE_GUARDS, DEVICE_POSITIONS),
     # XLA: static shapes, the position a traced scalar, guards on the host
     "jax": (DEDUPE_GUARDS, RUNTIME_POSITION),
-    "jax.decomposed": (DEDUPE_GUARDS, RUNTIME_POSITION, DECOMPOSE),
+    "jax.decomposed": (DEDUPE_GUARDS, RUNTIME_POSITION, DECOMPOSE_ALL),
     # ONNX: the state split per layer, library ops without a native op decomposed
     "onnx": (DEDUPE_GUARDS, SPLIT_STATES, DECOMPOSE_FOR_ONNX),
 }

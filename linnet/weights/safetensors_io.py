@@ -24,6 +24,7 @@ from typing import Any
 from linnet.core.dtypes import DTYPES
 from linnet.core.dtypes import FLOAT_DTYPES as LINNET_FLOATS
 from linnet.errors import CheckpointError, PickledCheckpoint
+from linnet.weights import mxfp4
 from linnet.weights.jsonfile import read_json_object
 
 SINGLE_FILE = "model.safetensors"
@@ -277,6 +278,8 @@ class Checkpoint:
                 file=str(self.config_path),
             )
         self._headers: dict[str, TensorInfo] | None = None
+        self.packed: dict[str, tuple[str, str]] = {}  # MXFP4: name -> (blocks, scales)
+        self.raw_headers: dict[str, TensorInfo] = {}
         self._config: dict | None = None
         self._handles: dict[Path, Any] = {}
 
@@ -386,8 +389,14 @@ class Checkpoint:
                             tensor=name,
                             file=str(shard),
                         )
-        self._headers = headers
-        return headers
+        self._headers, self.packed = mxfp4.pair_packed(headers)
+        self.raw_headers = headers  # as stored (an export copies unchanged MXFP4 pairs)
+        return self._headers
+
+    def _stored(self, name: str) -> TensorInfo | None:
+        """A tensor's header: a checkpoint's (an MXFP4 pair's dequantized tensor) or, for
+        the pair's own `_blocks` and `_scales`, as stored."""
+        return self.headers().get(name) or self.raw_headers.get(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.headers()
@@ -396,7 +405,11 @@ class Checkpoint:
 
     def read(self, name: str):
         """Load tensor `name` as a torch.Tensor through a memory-mapped safetensors handle."""
-        info = self.headers().get(name)
+        info = self._stored(name)
+        if name in self.packed:
+            import torch
+
+            return torch.from_numpy(mxfp4.read_dequantized(self.read_numpy, self.packed[name]))
         if info is None:
             raise CheckpointError(f"{self.folder}: no tensor {name}", tensor=name)
         handle = self._handles.get(info.file)
@@ -425,7 +438,9 @@ class Checkpoint:
         import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
         import numpy as np
 
-        info = self.headers().get(name)
+        info = self._stored(name)
+        if name in self.packed:
+            return mxfp4.read_dequantized(self.read_numpy, self.packed[name])
         if info is None:
             raise CheckpointError(f"{self.folder}: no tensor {name}", tensor=name)
         if info.dtype not in NUMPY_DTYPES:

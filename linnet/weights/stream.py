@@ -64,6 +64,9 @@ class Weights:
     gguf_metadata: dict | None = None  # when read from a GGUF file: its key/values
     origin: str = ""  # a path or a description, for messages and model cards
     close: Callable[[], None] = field(default=lambda: None)
+    # HF name -> the (blocks, scales) TensorInfo of an MXFP4 pair as stored (from a folder:
+    # never changed, so an HF export copies them; the groups read them dequantized)
+    packed: dict = field(default_factory=dict)
 
     def read(self, group: TensorGroup) -> list[np.ndarray]:
         """The group's params in the source's layout (numpy; bf16 as uint16 bits)."""
@@ -135,17 +138,20 @@ def from_folder(path: str | Path) -> Weights:
     plan, source, config, hf_config = plan_checkpoint(path)
     plan.check()
     weights_map = plan.weights_map
-    headers = plan.checkpoint.headers()
+    ckpt = plan.checkpoint
+    headers = ckpt.headers()
+    packed = {n: tuple(ckpt.raw_headers[p] for p in pair) for n, pair in ckpt.packed.items()}
     groups, dtypes = [], set()
     for row in plan.rows:
         if not row.loads:
             continue
-        row.key, row.source, row.read_dtype = row.hf, headers[row.hf], ST_DTYPES[row.dtype]
+        row.key, row.read_dtype = row.hf, ST_DTYPES[row.dtype]
+        row.source = None if row.hf in packed else headers[row.hf]  # packed: no f32 bytes
         dtypes.add(row.read_dtype)
         groups.append(row)
 
     def reader(g: TensorGroup) -> list[np.ndarray]:
-        x = _read_tensor(headers[g.key])
+        x = ckpt.read_numpy(g.key) if g.key in packed else _read_tensor(headers[g.key])
         return g.rule.forward(x, g.sizes)
 
     stored = dtypes.pop() if len(dtypes) == 1 else "f32"
@@ -160,6 +166,7 @@ def from_folder(path: str | Path) -> Weights:
         reader=reader,
         tokenizer_dir=folder if _has_tokenizer(folder) else None,
         origin=str(folder),
+        packed=packed,
     )
 
 

@@ -24,10 +24,10 @@ from linnet.weights.planning import source_for
 # change here: docs/adding-a-model.md).
 DECODERS = """llama-3.1-8b qwen3-8b qwen3-4b mistral-7b-instruct-v0.3 phi-3-mini-4k-instruct
 smollm2-1.7b-instruct smollm2-135m-instruct tinyllama-1.1b-chat qwen2.5-0.5b-instruct
-gpt2""".split()
+gpt2 gpt-oss-20b""".split()
 ENCODERS = ["all-minilm-l6-v2", "bert-base-uncased", "roberta-base", "modernbert-base"]
 VISION = ["resnet-18", "resnet-50", "vit-base-16-224", "dinov2-base"]
-PLANNED = """gpt-oss-20b sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
+PLANNED = """sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
 sd-vae-ft-mse sdxl-base-unet""".split()
 PROMISED = DECODERS + ENCODERS + VISION + PLANNED
 
@@ -210,4 +210,16 @@ def test_zoo_show_unknown():
     assert (
         done.exit_code == 1
         and "did you mean smollm2-135m-instruct or smollm2-1.7b-instruct?" in done.output
+    )
+
+
+def test_an_entry_may_state_its_own_tiny_tolerances():
+    """gpt-oss-20b's [tiny.tolerances] replaces the tiny bf16 default for it alone; its f32
+    and every other entry keep the defaults."""
+    reg = registry()
+    moe, dense = reg.get("gpt-oss-20b"), reg.get("llama-3.1-8b")
+    own, default = (e.tolerance("torch", "bf16", "tiny-random") for e in (moe, dense))
+    assert own != default and own.rel > default.rel
+    assert moe.tolerance("torch", "f32", "tiny-random") == dense.tolerance(
+        "torch", "f32", "tiny-random"
     )

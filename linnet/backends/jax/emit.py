@@ -133,10 +133,16 @@ def _rope(a, s, x, at=None):
 
 
 def _attention(a, s, q, k, v, *extra):
-    mask, q_positions = attention_operands(a, extra)
+    mask, sinks, q_positions = attention_operands(a, extra)
     offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
     args = [q, k, v, str(a["causal"]), offset, s.dim(a["window"] or 0), repr(a["scale"])]
-    return f"{s.helper('attention')}({', '.join(args + ([mask] if mask is not None else []))})"
+    args += [mask] if mask is not None else []
+    args += [f"sinks={sinks}"] if sinks is not None else []
+    return f"{s.helper('attention')}({', '.join(args)})"
+
+
+def _moe(a, s, *xs):
+    return f"{s.helper('moe')}({', '.join(xs)}, {a['top_k']}, {a['alpha']!r}, {a['limit']!r})"
 
 
 def _norm(kind):
@@ -215,6 +221,7 @@ EMITTERS = {
         f"{s.helper('group_norm')}({', '.join(xs)}, {a['groups']}, {a['eps']!r})"
     ),
     "upsample_nearest": lambda a, s, x: f"upsample_nearest({x}, {a['scale']})",
+    "moe": _moe,
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
 

@@ -30,11 +30,17 @@ def _guard(lhs, rhs, message, lhs_text, rhs_text, error=GuardError):
         raise error(f"{message} failed: {lhs_text} = {lhs} > {rhs_text} = {rhs}")
 
 
-def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max):
-    """cos, sin [positions, head_dim / 2] in f32 (numpy), as transformers builds them."""
+def rope_tables(
+    head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max, *yarn
+):
+    """cos, sin [positions, head_dim / 2] in f32 (numpy), as transformers builds them;
+    `yarn`: beta_fast, beta_slow, truncate and the attention factor that scales both."""
     f32 = np.float32
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(f32) / f32(head_dim)
     inv = (f32(1.0) / np.power(f32(theta), exponent)).astype(f32)
+    gain = f32(yarn[3] if scaling == "yarn" else 1.0)
+    if scaling == "yarn":
+        inv = _yarn_inv_freq(head_dim, theta, factor, original_max, exponent, *yarn[:3])
     if scaling == "llama3":
         low_wavelen, high_wavelen = original_max / low_freq, original_max / high_freq
         wavelen = (2 * math.pi / inv).astype(f32)
@@ -44,7 +50,27 @@ def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv = np.where(medium, smoothed, scaled).astype(f32)
     freqs = np.arange(positions, dtype=f32)[:, None] * inv[None, :]
-    return np.cos(freqs).astype(f32), np.sin(freqs).astype(f32)
+    return (np.cos(freqs) * gain).astype(f32), (np.sin(freqs) * gain).astype(f32)
+
+
+def _yarn_inv_freq(head_dim, theta, factor, original_max, exponent, beta_fast, beta_slow, truncate):
+    """YaRN's blend of original and interpolated frequencies (see linnet/ir/library.py)."""
+    f32 = np.float32
+    pos_freqs = np.power(f32(theta), exponent).astype(f32)
+
+    def correction_dim(rotations):
+        return head_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = (np.arange(head_dim // 2, dtype=f32) - f32(low)) / f32(high - low)
+    keep = (f32(1.0) - np.clip(ramp, 0, 1)).astype(f32)
+    extrapolation = (f32(1.0) / pos_freqs).astype(f32)
+    interpolation = (f32(1.0) / (f32(factor) * pos_freqs)).astype(f32)
+    return (interpolation * (f32(1.0) - keep) + extrapolation * keep).astype(f32)
 
 
 def _positions(offset, seq):
@@ -122,9 +148,10 @@ def _softmax_or_zero(x):
     return e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
 
 
-def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
+def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
     """softmax(q k^T * scale + mask) v, GQA by grouping q heads over kv heads; `key_mask`
-    [B, T]: keys where it is 0 are padding, attended by no query."""
+    [B, T]: keys where it is 0 are padding, attended by no query; `sinks` [H]: a logit per
+    head added to each softmax's denominator."""
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
     q5 = q.reshape(b, kv, h // kv, s, d)  # (B, KV, G, S, D)
@@ -136,6 +163,11 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     if key_mask is not None:
         scores = jnp.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -jnp.inf)
         probs = _softmax_or_zero(scores).astype(q.dtype)
+    elif sinks is not None:
+        sink = sinks.astype(jnp.float32).reshape(1, kv, h // kv, 1, 1)
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+        e = jnp.exp(scores - top)
+        probs = (e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))).astype(q.dtype)
     else:
         probs = softmax_ref(scores, -1).astype(q.dtype)
     out = jnp.matmul(probs, v.reshape(b, kv, 1, t, d), precision=HIGHEST)
@@ -231,8 +263,10 @@ def rope_fast(x, cos, sin, offset):
     return rope_ref(x, cos, sin, offset)
 
 
-def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
+def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
     """jax.nn.dot_product_attention ([B, T, N, H] layout, GQA native); XLA picks the kernel."""
+    if sinks is not None:  # no fused kernel takes sinks
+        return attention_ref(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     s, t = q.shape[2], k.shape[2]
     mask = _mask(q_offset, s, t, window, causal)[None, None] if causal or window else None
     if key_mask is not None:  # (B, 1, 1, T) padding
@@ -242,6 +276,40 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
         jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=mask, scale=scale
     )
     return jnp.swapaxes(out, 1, 2)  # (B, H, S, D)
+
+
+# -- mixture of experts (GPT-OSS) ----------------------------------------------------------
+def _clamped_swiglu(h, alpha, limit):
+    """GPT-OSS's expert activation on gate/up interleaved along the last axis."""
+    gate, up = jnp.minimum(h[..., 0::2], limit), jnp.clip(h[..., 1::2], -limit, limit)
+    return (up + 1) * (gate * jax.nn.sigmoid(gate * alpha))
+
+
+def moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit):
+    """Top-k routing, softmax over the chosen logits. Shapes are static under jit: with few
+    tokens (decode) each token's experts are gathered (only their weights are read); with
+    more, every expert runs once on all tokens and the routing weights (0 for the experts a
+    token did not choose) sum them, which reads each expert once."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    logits = linear_ref(x2, router_w, router_b)
+    top, idx = lax.top_k(logits, top_k)  # ties: the lower index first
+    weights = softmax_ref(top, -1)  # (N, k)
+    n, experts = x2.shape[0], w_in.shape[0]
+    if n * top_k <= experts:
+        h = jnp.einsum("nd,nkdf->nkf", x2, w_in[idx], precision=HIGHEST) + b_in[idx]
+        y = jnp.einsum("nkf,nkfd->nkd", _clamped_swiglu(h, alpha, limit), w_out[idx],
+                       precision=HIGHEST) + b_out[idx]  # fmt: skip
+        return jnp.sum(y * weights[..., None], axis=1).reshape(shape)
+    dense = jnp.zeros((n, experts), weights.dtype).at[jnp.arange(n)[:, None], idx].set(weights)
+    h = jnp.einsum("nd,edf->enf", x2, w_in, precision=HIGHEST) + b_in[:, None]
+    y = jnp.einsum("enf,efd->end", _clamped_swiglu(h, alpha, limit), w_out, precision=HIGHEST)
+    y = y + b_out[:, None]
+    return jnp.einsum("end,ne->nd", y, dense, precision=HIGHEST).reshape(shape)
+
+
+def moe_fast(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit):
+    return moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit)
 
 
 def nest_params(flat):

@@ -20,7 +20,8 @@ import math
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from linnet.backends.emit import node_attrs
+from linnet.backends.emit import attention_operands, node_attrs
+from linnet.backends.onnx import emit_moe
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES, numpy_dtype
 from linnet.ir.pipeline import ONNX_NATIVE_OPS
@@ -255,8 +256,7 @@ def _attention(a, b, q, k, v, *extra):
     padding mask as one small additive bias of 0 / -inf, native Softmax. A query whose keys
     are all masked gives zeros, as in the reference (Softmax gives NaN there; the output
     rows are replaced, which is cheaper than touching the scores)."""
-    key_mask = extra[0] if a.get("masked") else None
-    q_positions = (extra[1:] if a.get("masked") else extra) or (None,)
+    key_mask, sinks, q_positions = attention_operands(a, extra)
     bsz, heads, seq, dim = a["q_shape"]
     kv, keys = a["k_shape"][1], a["k_shape"][2]
     groups = heads.value // kv.value
@@ -267,10 +267,14 @@ def _attention(a, b, q, k, v, *extra):
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(dim.value)
     scores = b.node("Mul", [scores, b.typed_const(scale, a["dtype"])])
     scores = _cast_between(b, scores, a["dtype"], "f32")  # (B, KV, G, S, T)
-    bias = _attention_bias(a, b, q_positions[0], key_mask, bsz, seq, keys)
+    bias = _attention_bias(a, b, q_positions, key_mask, bsz, seq, keys)
     if bias is not None:
         scores = b.node("Add", [scores, bias])
-    probs = _cast_between(b, b.node("Softmax", [scores], axis=-1), "f32", a["dtype"])
+    if sinks is not None:
+        probs = emit_moe.sink_probs(b, scores, sinks, b.const([1, kv.value, groups, 1, 1]))
+    else:
+        probs = b.node("Softmax", [scores], axis=-1)
+    probs = _cast_between(b, probs, "f32", a["dtype"])
     out = b.node("MatMul", [probs, v5])  # (B, KV, G, S, D)
     if key_mask is not None:  # rows with no key left: zeros, not NaN
         seen = b.node("ReduceMax", [bias, b.const([-1])], keepdims=1)  # (.., S, 1)
@@ -387,6 +391,7 @@ EMITTERS = {
     "attention": _attention,
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
+    "moe": emit_moe.moe,
 }
 for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])

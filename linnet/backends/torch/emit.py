@@ -106,10 +106,16 @@ def _rope(a, s, x, at=None):
 
 def _attention(a, s, q, k, v, *extra):
     fn = "attention_fast" if s.numerics == "fast" else "attention_ref"
-    mask, q_positions = attention_operands(a, extra)
+    mask, sinks, q_positions = attention_operands(a, extra)
     offset = q_positions if q_positions is not None else s.dim(a["q_offset"])
     args = [q, k, v, str(a["causal"]), offset, s.dim(a["window"] or 0), repr(a["scale"])]
-    return f"{fn}({', '.join(args + ([mask] if mask is not None else []))})"
+    args += [mask] if mask is not None else []
+    args += [f"sinks={sinks}"] if sinks is not None else []
+    return f"{fn}({', '.join(args)})"
+
+
+def _moe(a, s, *xs):
+    return f"moe_ref({', '.join(xs)}, {a['top_k']}, {a['alpha']!r}, {a['limit']!r})"
 
 
 def _norm(kind):
@@ -202,6 +208,7 @@ EMITTERS = {
     "batch_norm": _batch_norm,
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
+    "moe": _moe,
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, BINARY_TEXT))
 # torch.maximum and torch.minimum take no Python number: a scalar side becomes a 0-d tensor

@@ -84,11 +84,17 @@ def gelu_ref(x, approx):
     return x * 0.5 * (torch.erf(x * (1.0 / math.sqrt(2.0))) + 1.0)
 
 
-def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max):
+def rope_tables(
+    head_dim, positions, theta, scaling, factor, low_freq, high_freq, original_max, *yarn
+):
     """cos, sin [positions, head_dim] in f32, as transformers builds them (sin signed for
-    the first half: see `_rotation_tables`)."""
+    the first half: see `_rotation_tables`); `yarn`: beta_fast, beta_slow, truncate and the
+    attention factor that scales both tables."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv = 1.0 / (theta**exponent)
+    gain = yarn[3] if scaling == "yarn" else 1.0
+    if scaling == "yarn":
+        inv = _yarn_inv_freq(head_dim, theta, factor, original_max, exponent, *yarn[:3])
     if scaling == "llama3":
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > original_max / low_freq, inv / factor, inv)
@@ -97,7 +103,24 @@ def rope_tables(head_dim, positions, theta, scaling, factor, low_freq, high_freq
         medium = ~(wavelen < original_max / high_freq) & ~(wavelen > original_max / low_freq)
         inv = torch.where(medium, smoothed, scaled)
     freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv[None, :]
-    return _rotation_tables(torch.cos(freqs), torch.sin(freqs))
+    return _rotation_tables(torch.cos(freqs) * gain, torch.sin(freqs) * gain)
+
+
+def _yarn_inv_freq(head_dim, theta, factor, original_max, exponent, beta_fast, beta_slow, truncate):
+    """YaRN's blend of original and interpolated frequencies (see linnet/ir/library.py)."""
+    pos_freqs = theta**exponent
+
+    def correction_dim(rotations):
+        return head_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
 
 
 def _rotation_tables(cos, sin):
@@ -156,10 +179,11 @@ def _softmax_or_zero(x):
     return e / e.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
+def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
     """softmax(q k^T * scale + mask) v; GQA by folding each kv head's group of q heads into
     its rows (k and v are read where they lie, never repeated); `key_mask` [B, T]: keys
-    where it is 0 are padding, attended by no query."""
+    where it is 0 are padding, attended by no query; `sinks` [H]: a logit per head added
+    to each softmax's denominator."""
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
     g = h // kv
@@ -173,6 +197,11 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None):
     if key_mask is not None:
         scores = scores.masked_fill(key_mask.reshape(b, 1, 1, 1, t) == 0, -math.inf)
         probs = _softmax_or_zero(scores).to(q.dtype)  # a query with no key left: zeros
+    elif sinks is not None:
+        sink = sinks.float().reshape(1, kv, g, 1, 1)
+        top = torch.maximum(scores.amax(-1, keepdim=True), sink)
+        e = torch.exp(scores - top)
+        probs = (e / (e.sum(-1, keepdim=True) + torch.exp(sink - top))).to(q.dtype)
     elif scores.requires_grad:  # training: autograd keeps what the softmax read
         probs = softmax_ref(scores, -1).to(q.dtype)
     else:  # softmax_ref, in place on scores (a fresh f32 tensor here)
@@ -222,7 +251,9 @@ def rope_fast(x, cos, sin, offset):
     return rope_ref(x, cos, sin, offset)
 
 
-def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
+def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
+    if sinks is not None:  # no fused kernel takes sinks
+        return attention_ref(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     s, t = q.shape[2], k.shape[2]
     if s == 1 and q.device.type == "cpu" and q.dtype in _LOWP_NATIVE and not _LOWP_NATIVE[q.dtype]:
         # one query over a bf16/f16 cache: the f32 kernel is 2-4x faster on such CPUs
@@ -242,3 +273,35 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None):
     return F.scaled_dot_product_attention(
         q, k, v, is_causal=causal and s > 1, scale=scale, enable_gqa=True
     )
+
+
+# -- mixture of experts (GPT-OSS): only the chosen experts' weights are read -----------------
+def _clamped_swiglu(h, alpha, limit):
+    """GPT-OSS's expert activation on gate/up interleaved along the last axis."""
+    gate, up = h[..., 0::2].clamp(max=limit), h[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit):
+    """Route each token to its top_k experts (softmax over their logits) and sum their
+    outputs. Few tokens (decode): each token's experts' weights gathered by index_select;
+    more: a loop over the experts some token chose, each on its tokens (as transformers)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    top, idx = torch.topk(F.linear(x2, router_w, router_b), top_k, dim=-1)
+    weights = softmax_ref(top, -1)  # (N, k)
+    n = x2.shape[0]
+    if n * top_k <= w_in.shape[0]:
+        flat = idx.reshape(-1)
+        rows = x2.repeat_interleave(top_k, 0)[:, None]  # (N*k, 1, D)
+        h = torch.bmm(rows, w_in.index_select(0, flat))[:, 0] + b_in.index_select(0, flat)
+        act = _clamped_swiglu(h, alpha, limit)[:, None]
+        y = torch.bmm(act, w_out.index_select(0, flat))[:, 0] + b_out.index_select(0, flat)
+        return (y.reshape(n, top_k, -1) * weights[..., None]).sum(1).reshape(shape)
+    out = torch.zeros_like(x2)
+    for e in torch.unique(idx).tolist():
+        tokens, slot = torch.where(idx == e)
+        h = x2[tokens] @ w_in[e] + b_in[e]
+        y = _clamped_swiglu(h, alpha, limit) @ w_out[e] + b_out[e]
+        out.index_add_(0, tokens, y * weights[tokens, slot, None])
+    return out.reshape(shape)

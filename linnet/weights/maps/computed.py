@@ -149,6 +149,52 @@ def _write_global_every(hf: dict, value: Any) -> None:
     hf["global_attn_every_n_layers"] = int(value)  # transformers derives layer_types from it
 
 
+def _read_full_every(config: Mapping, field_name: str) -> Any:
+    """GPT-OSS: full attention on layers i % n == n - 1, a sliding window on the others, as
+    `layer_types` lists them (absent: every second layer, GptOssConfig's default). A list
+    that no n produces is a ConfigError."""
+    types = config.get("layer_types")
+    if types is None:
+        return 2
+    if not isinstance(types, list):
+        raise ConfigError(f"config.json: layer_types must be a list, got {types!r}")
+    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    n = full[0] + 1 if full else len(types) + 1  # the first full layer is layer n - 1
+    if types == _full_every(n, len(types)):
+        return n
+    raise ConfigError(
+        f"config.json: layer_types {list(types)} is not full attention on every n-th layer; "
+        f"the source's {field_name} expresses only that pattern"
+    )
+
+
+def _full_every(n: int, n_layers: int) -> list[str]:
+    return ["full_attention" if i % n == n - 1 else "sliding_attention" for i in range(n_layers)]
+
+
+def _write_full_every(hf: dict, value: Any) -> None:
+    hf["layer_types"] = _full_every(int(value), int(hf["num_hidden_layers"]))
+
+
+def _read_yarn_truncate(config: Mapping, field_name: str) -> Any:
+    """YaRN's `truncate`: transformers reads `rope_parameters.get("truncate", True)`, but a
+    GPT-OSS config.json without any rope parameters gets GptOssConfig's own (truncate
+    false)."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    if rope is None:
+        return False
+    value = rope.get("truncate", True) if isinstance(rope, Mapping) else None
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"config.json: rope_parameters.truncate must be true or false, got {value!r}"
+        )
+    return value
+
+
+def _write_yarn_truncate(hf: dict, value: Any) -> None:
+    hf.setdefault("rope_parameters", {})["truncate"] = bool(value)
+
+
 def _read_resnet_widths(config: Mapping, field_name: str) -> Any:
     """ResNet: the stem's width (`embedding_size`), then each stage's (`hidden_sizes`)."""
     sizes = config.get("hidden_sizes", [256, 512, 1024, 2048])
@@ -190,5 +236,7 @@ COMPUTED: dict[str, Computed] = {
         Computed("global_every", _read_global_every, _write_global_every),
         Computed("resnet_widths", _read_resnet_widths, _write_resnet_widths),
         Computed("vae_channels", _read_vae_channels, _write_vae_channels),
+        Computed("full_every", _read_full_every, _write_full_every),
+        Computed("yarn_truncate", _read_yarn_truncate, _write_yarn_truncate),
     )
 }
