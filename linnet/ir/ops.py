@@ -271,16 +271,18 @@ def _update_slice(ins, attrs):
 @op(
     "update_rows",
     arity=(3, 3),
-    doc="x with `update` written at rows `positions` (a tensor) "
-    "along attrs['axis'], and at attrs['starts'] on the other axes (functional)",
+    doc="x with `update` written along attrs['axis'] at `positions` (functional; other axes "
+    "at attrs['starts']): i64[S] for every row, or i64[R, S] per row of attrs['row_axis']",
 )
 def _update_rows(ins, attrs):
     x, upd, positions = ins
     same_dtype([x, upd], "a state write")
-    if upd.rank != x.rank or positions.rank != 1 or positions.dtype not in INT_DTYPES:
+    rank, rows_first = (2, attrs["row_axis"] < attrs["axis"]) if "row_axis" in attrs else (1, 1)
+    bad = positions.rank != rank or not rows_first or positions.dtype not in INT_DTYPES
+    if upd.rank != x.rank or bad:
         raise OpTypeError(
-            "update_rows needs an update of the target's rank and 1-D integer positions",
-            f"{x} and i64[n]",
+            "update_rows needs an update of the target's rank and integer positions",
+            f"{x} and i64 of rank {rank}",
             f"{upd} and {positions}",
         )
     return x
@@ -347,8 +349,8 @@ op("gelu", "library", "gelu, attrs['approx'] = 'none' (erf) or 'tanh'")(_float_u
 @op(
     "rope",
     "library",
-    "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables), "
-    "or at a positions tensor given as a second operand",
+    "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables), or at a "
+    "positions tensor given as a second operand: i64[S], or i64[B, S] per row",
     arity=(1, 2),
 )
 def _rope(ins, attrs):
@@ -368,7 +370,7 @@ def _rope(ins, attrs):
     "softmax(q k^T * scale + mask) v with GQA, causal/window masks (a window without causal: "
     "|q - k| <= window // 2, symmetric); with attrs['masked'] "
     "the next operand is a key padding mask [B, T] (nonzero: attend); an optional last "
-    "operand gives the query positions as a tensor (instead of q_offset)",
+    "operand gives the query positions as a tensor (instead of q_offset): [S] or [B, S]",
     arity=(3, 5),
 )
 def _attention(ins, attrs):
