@@ -201,3 +201,22 @@ def test_rows_refuse_what_does_not_fit(tiny_checkpoint, tmp_path):
     assert rows.length(0) == 0
     rows.prefill(0, [5])  # a freed row takes a new prompt
     assert rows.length(0) == 1
+
+
+@pytest.mark.parametrize("backend", ["torch-interpret", "jax", "onnx"])
+def test_prefill_appends_to_what_a_row_holds(tiny_checkpoint, tmp_path, backend):
+    """A second prefill (a chat's next turn) continues from the row's length: its logits
+    are transformers' after the whole text; the row next to it is another request."""
+    folder = tiny_checkpoint("mistral")
+    model = load(folder, backend, tmp_path)
+    text = prompts(model.config["vocab"])[3]  # 20 tokens, past the window of 8
+    want = reference_logits(folder, torch.tensor([text]))[0].numpy()
+    rows = model.rows(2)
+    rows.chunk = CHUNK
+    rows.prefill(1, text[:9])
+    rows.prefill(0, text[:6])
+    first = rows.prefill(0, text[6:13])
+    rows.step([1], [text[9]])
+    last = rows.prefill(0, text[13:])
+    assert rows.length(0) == len(text)
+    assert_close(np.stack([first, last]), want[[12, -1]], atol=F32_TOL, what="appended prefill")
