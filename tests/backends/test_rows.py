@@ -220,3 +220,24 @@ def test_prefill_appends_to_what_a_row_holds(tiny_checkpoint, tmp_path, backend)
     last = rows.prefill(0, text[13:])
     assert rows.length(0) == len(text)
     assert_close(np.stack([first, last]), want[[12, -1]], atol=F32_TOL, what="appended prefill")
+
+
+@pytest.mark.parametrize("backend", ["torch-interpret", "jax", "onnx"])
+def test_decode_rows_takes_several_tokens_per_row(tiny_checkpoint, tmp_path, backend):
+    """The entry itself with S = 3 new tokens on rows of lengths 4, 11 and 0 (the rows
+    decoder steps one at a time): each row's last logits are transformers' after its text."""
+    folder = tiny_checkpoint("mistral")
+    model = load(folder, backend, tmp_path)
+    texts = [p + p[:3] for p in prompts(model.config["vocab"])[:3]]  # 8, 14 and 6 tokens
+    held = [4, 11, 0]
+    rows = model.rows(3)
+    for r, n in enumerate(held):
+        if n:
+            rows.prefill(r, texts[r][:n])
+    tokens = np.array([t[n : n + 3] for t, n in zip(texts, held)])
+    at = np.array(held)
+    with rows._all_rows():
+        got = model.run("decode_rows", tokens, at, reach=int(at.max()))
+    for r, (text, n) in enumerate(zip(texts, held)):
+        want = reference_logits(folder, torch.tensor([text[: n + 3]]))[0, -1].numpy()
+        assert_close(_numpy(got)[r], want, atol=F32_TOL, what=f"row {r} after {n + 3} tokens")
