@@ -173,6 +173,16 @@ def _attention(cx, q, k, v, causal, q_offset, window, scale, mask):
     return cx.add("attention", [q, k, v, mask] + positions, masked=True, **attrs)
 
 
+@builtin(
+    "positions",
+    ("at", "tensor"),
+    ("n", "int"),
+    doc="per-row positions: at[b] .. at[b] + n for each start of at i64[B], as i64[B, n]",
+)
+def _positions(cx, at, n):
+    return row_positions(cx, at, at.type.shape[0] if at.type.rank else Poly.const(0), n)
+
+
 def row_positions(cx, at, rows: Poly, seq: Poly):
     """Per-row starts `at` i64[R] -> the positions at[r] + s of each row, i64[R, S]."""
     if at.type.rank != 1 or at.type.dtype != "i64" or at.type.shape[0] != rows:

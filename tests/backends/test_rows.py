@@ -32,13 +32,14 @@ CHUNK = 4  # prefill chunk: the 20-token prompt takes five
 PROMPT_LENGTHS = (5, 11, 3, 20, 7)
 ARRIVALS = (0, 0, 3, 3, 4)  # the iteration each request may start; the fifth waits for a row
 ROW_COUNT = 4
-LLAMA_SOURCE_VARIANTS = [
+DECODER_VARIANTS = [
     ("llama", "base"),
     ("llama", "tied"),
     ("mistral", "base"),
     ("qwen2", "base"),
     ("qwen3", "base"),
     ("phi3", "window"),
+    ("gpt2", "base"),  # learned positions: wpe[positions(at, S)]
 ]
 
 
@@ -127,14 +128,14 @@ def check_schedule(model, folder) -> None:
         assert tokens[i] == solo(model, prompt), f"request {i}: rows differ from its solo run"
 
 
-@pytest.mark.parametrize("arch,variant", LLAMA_SOURCE_VARIANTS, ids=lambda x: str(x))
-def test_rows_interpret_every_llama_source_variant(tiny_checkpoint, tmp_path, arch, variant):
+@pytest.mark.parametrize("arch,variant", DECODER_VARIANTS, ids=lambda x: str(x))
+def test_rows_interpret_every_decoder_variant(tiny_checkpoint, tmp_path, arch, variant):
     folder = tiny_checkpoint(arch, variant)
     check_schedule(load(folder, "torch-interpret", tmp_path), folder)
 
 
 @pytest.mark.parametrize("backend", ["torch-generated", "jax", "onnx"])
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
 def test_rows_backends(tiny_checkpoint, tmp_path, backend, arch):
     folder = tiny_checkpoint(arch)
     check_schedule(load(folder, backend, tmp_path), folder)
