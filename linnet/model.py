@@ -6,6 +6,7 @@
     model.decode(ids, pos)         # `Decoder`: appends to the cache; last-position logits
     model.reset()                  # forget the cache
     model.generate(ids, 20)        # greedy unless do_sample=True
+    model.rows(8)                  # `Decoder`: 8 cache rows, each at its own position
 
 A backend's model class (`TorchModel`, `JaxModel`, `OnnxModel`) subclasses `Model`
 and gives it an array adapter (`arrays`: zeros, inputs, concat, sampling; see
@@ -153,6 +154,13 @@ class Decoder(Generation, Model):
     def reset(self) -> None:
         self.state = {}
         self.position = 0
+
+    def rows(self, count: int, positions: int | None = None):
+        """`count` cache rows decoded together, each at its own position (`linnet/rows.py`);
+        a row holds `positions` tokens (default: max_positions - 1)."""
+        from linnet.rows import RowDecoder
+
+        return RowDecoder(self, count, positions)
 
     def _ids(self, ids):
         """Token ids as the `decode` entry's first input takes them."""

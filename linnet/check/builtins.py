@@ -4,7 +4,8 @@ Each builtin has a signature (argument name, kind, default) and a body that
 emits ops through the context's builder, so its shape rules are the op
 table's rules in both checking and lowering.
 
-Kinds: tensor, tensor? (none allowed), int, float, str, bool, axis.
+Kinds: tensor, tensor? (none allowed), int, float, str, bool, axis, position (an int or
+an i64[rows] vector of per-row starts).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _merge_heads(cx, x):
 @builtin(
     "rope",
     ("x", "tensor"),
-    ("at", "int"),
+    ("at", "position"),
     ("theta", "float"),
     ("scaling", "str", "default"),
     ("factor", "float", 1.0),
@@ -136,13 +137,17 @@ def _rope(cx, x, at, theta, scaling, factor, low_freq, high_freq, original_max, 
         raise OpTypeError(
             "unsupported rope scaling", '"default", "llama3" or "yarn"', repr(scaling)
         )
-    cx.require_le(at + x.type.shape[2], positions, "rope positions past the table")
+    ins = [x]
+    if isinstance(at, Poly):
+        cx.require_le(at + x.type.shape[2], positions, "rope positions past the table")
+    else:  # per-row starts: the runner checks them against the table on the host
+        ins, at = [x, row_positions(cx, at, x.type.shape[0], x.type.shape[2])], Poly.const(0)
     attrs = dict(offset=at, theta=theta, scaling=scaling, factor=factor, low_freq=low_freq,
                  high_freq=high_freq, original_max=_maybe_int(original_max),
                  positions=_maybe_int(positions))  # fmt: skip
     if scaling == "yarn":  # only yarn ropes carry these (other graphs print as before)
         attrs.update(_yarn_attrs(factor, *yarn))
-    return cx.add("rope", [x], **attrs)
+    return cx.add("rope", ins, **attrs)
 
 
 def _yarn_attrs(factor, beta_fast, beta_slow, truncate, attn_factor) -> dict:
@@ -159,7 +164,7 @@ def _yarn_attrs(factor, beta_fast, beta_slow, truncate, attn_factor) -> dict:
     ("k", "tensor"),
     ("v", "tensor"),
     ("causal", "bool", True),
-    ("q_offset", "int", Poly.const(0)),
+    ("q_offset", "position", Poly.const(0)),
     ("window", "int", Poly.const(0)),
     ("scale", "float", None),
     ("mask", "tensor?", None),
@@ -170,14 +175,38 @@ def _yarn_attrs(factor, beta_fast, beta_slow, truncate, attn_factor) -> dict:
     "joins each softmax's denominator (GPT-OSS)",
 )
 def _attention(cx, q, k, v, causal, q_offset, window, scale, mask, sinks):
+    positions = []
+    if not isinstance(q_offset, Poly):  # per-row starts: the query positions as a tensor
+        positions = [row_positions(cx, q_offset, q.type.shape[0], q.type.shape[2])]
+        q_offset = Poly.const(0)
     attrs = dict(causal=causal, q_offset=q_offset, window=_maybe_int(window), scale=scale)
     if sinks is not None:
         if mask is not None:
             raise OpTypeError("attention takes a mask or sinks, not both", "one", "both")
-        return cx.add("attention", [q, k, v, sinks], sinks=True, **attrs)
+        return cx.add("attention", [q, k, v, sinks] + positions, sinks=True, **attrs)
     if mask is None:  # no attr at all: unmasked graphs print as they always did
-        return cx.add("attention", [q, k, v], **attrs)
-    return cx.add("attention", [q, k, v, mask], masked=True, **attrs)
+        return cx.add("attention", [q, k, v] + positions, **attrs)
+    return cx.add("attention", [q, k, v, mask] + positions, masked=True, **attrs)
+
+
+@builtin(
+    "positions",
+    ("at", "tensor"),
+    ("n", "int"),
+    doc="per-row positions: at[b] .. at[b] + n for each start of at i64[B], as i64[B, n]",
+)
+def _positions(cx, at, n):
+    return row_positions(cx, at, at.type.shape[0] if at.type.rank else Poly.const(0), n)
+
+
+def row_positions(cx, at, rows: Poly, seq: Poly):
+    """Per-row starts `at` i64[R] -> the positions at[r] + s of each row, i64[R, S]."""
+    if at.type.rank != 1 or at.type.dtype != "i64" or at.type.shape[0] != rows:
+        raise OpTypeError("per-row positions must be i64[rows]", f"i64[{rows}]", str(at.type))
+    one = Poly.const(1)
+    starts = cx.add("reshape", [at], shape=(rows, one))
+    steps = cx.add("reshape", [_iota(cx, seq)], shape=(one, seq))
+    return cx.add("add", [starts, steps])
 
 
 @builtin(

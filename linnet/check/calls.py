@@ -99,6 +99,10 @@ class Calls(Expressions):
             if kind == "tensor?" and isinstance(value, NoneVal):
                 return None
             return self.tensor(value, arg, frame, optional_ok=kind == "tensor?")
+        if kind == "position":  # an int, or a vector of per-row start positions
+            if isinstance(value, TVal):
+                return self.tensor(value, arg, frame)
+            kind = "int"
         if not isinstance(value, SCALAR_KINDS[kind]):
             self.error(
                 arg.span,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from linnet.check.builtins import row_positions
 from linnet.check.calls import Calls
 from linnet.check.expressions import _unparse
 from linnet.check.values import (
@@ -239,7 +240,8 @@ class Statements(Calls):
                 describe(target),
                 frame=frame,
             )
-        items = self.index_items(s.items, target.type, frame)
+        rows, index_ast = self.per_row_start(s.items, frame)
+        items = self.index_items(index_ast, target.type, frame)
         value = self.tensor(self.expr(s.value, frame), s.value, frame)
         region = tuple(hi - lo for lo, hi, keep in items if keep)
         if value.type.shape != region or value.type.dtype != target.type.dtype:
@@ -250,17 +252,66 @@ class Statements(Calls):
                 value.type,
                 frame=frame,
             )
+        if rows is not None and rows[0].type != TensorType("i64", region[:1]):
+            self.error(
+                s.items[rows[1]].span,
+                "per-row positions need one i64 start per row of the value",
+                TensorType("i64", region[:1]),
+                rows[0].type,
+                frame=frame,
+            )
         if self.lowering:
-            self.emit_state_write(target, items, value)
+            self.emit_state_write(target, items, value, rows)
 
-    def emit_state_write(self, view: StateView, items: list, value: TVal) -> None:
+    def per_row_start(self, items: list, frame) -> tuple:
+        """`x[..., at : at + n, ...] = v` with `at` an i64[R] vector writes row r of v's
+        first axis at at[r] .. at[r] + n: ((at, item index), the items with that slice
+        as `: n`), or (None, items) when no slice starts at a vector."""
+        for k, item in enumerate(items):
+            if not (isinstance(item, A.Slice) and item.start is not None):
+                continue
+            at = self.expr(item.start, frame)
+            if not isinstance(at, TVal):
+                continue
+            stop = item.stop
+            if not (
+                isinstance(item.start, A.Name)
+                and isinstance(stop, A.BinOp)
+                and stop.op == "+"
+                and isinstance(stop.left, A.Name)
+                and stop.left.id == item.start.id
+            ):
+                self.error(
+                    item.span,
+                    "a slice that starts at a vector of positions spans `at : at + n`",
+                    "at : at + n",
+                    _unparse(item),
+                    frame=frame,
+                )
+            at = self.tensor(at, item.start, frame)
+            rest = list(items)
+            rest[k] = A.Slice(item.span, None, stop.right)
+            return (at, k), rest
+        return None, items
+
+    def emit_state_write(self, view: StateView, items: list, value: TVal, rows=None) -> None:
         whole = self.state_value(view.state)
         starts = tuple(view.prefix) + tuple(lo for lo, _, _ in items)
         full_shape = tuple(Poly.const(1) for _ in view.prefix) + tuple(
             hi - lo for lo, hi, _ in items
         )
         update = self.add("reshape", [value], shape=full_shape)
-        out = self.add("update_slice", [whole, update], starts=starts)
+        if rows is None:
+            out = self.add("update_slice", [whole, update], starts=starts)
+        else:  # per-row positions along `axis`, rows along the first kept axis
+            at, k = rows
+            axis = len(view.prefix) + k
+            row_axis = len(view.prefix) + [keep for _, _, keep in items].index(True)
+            positions = row_positions(self, at, full_shape[row_axis], full_shape[axis])
+            out = self.add(
+                "update_rows", [whole, update, positions], axis=axis, row_axis=row_axis,
+                starts=starts,
+            )  # fmt: skip
         self.state_values[view.state] = out.v
 
 

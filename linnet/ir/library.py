@@ -177,8 +177,10 @@ def rope(
         c = b.add("const", [], value=table, dtype=F32)
         if at is None:
             c = b.add("slice", [c], starts=(offset, Poly.const(0)), stops=(offset + seq, half))
-        else:  # positions as a tensor (CUDA graphs): gather the rows
+        else:  # positions as a tensor: gather the rows ([S], or [B, S] per row)
             c = b.add("take", [c, at])
+            if len(b.type_of(at).shape) == 2:  # (B, S, D/2) -> (B, 1, S, D/2)
+                c = b.add("reshape", [c], shape=(bsz, Poly.const(1), seq, Poly.const(half)))
         rows[name] = b.add("cast", [c], dtype=t.dtype)  # (S, D/2) broadcasts over B, H
     zero = Poly.const(0)
     x1 = b.add("slice", [x], starts=(zero,) * 4, stops=(bsz, heads, seq, Poly.const(half)))
@@ -215,11 +217,9 @@ def attention(
     if causal or window:
         if q_positions is None:
             q_positions = b.add("iota", [], length=seq, start=Poly.lift(q_offset), dtype="i64")
-        qpos = b.add(
-            "reshape",
-            [q_positions],
-            shape=(seq, one),
-        )
+        per_row = len(b.type_of(q_positions).shape) == 2  # [B, S]: a position per row
+        qshape = (bsz, one, one, seq, one) if per_row else (seq, one)
+        qpos = b.add("reshape", [q_positions], shape=qshape)
         kpos = b.add(
             "reshape",
             [b.add("iota", [], length=keys, start=Poly.const(0), dtype="i64")],

@@ -267,16 +267,18 @@ def _update_slice(ins, attrs):
 @op(
     "update_rows",
     arity=(3, 3),
-    doc="x with `update` written at rows `positions` (a tensor) "
-    "along attrs['axis'], and at attrs['starts'] on the other axes (functional)",
+    doc="x with `update` written along attrs['axis'] at `positions` (functional; other axes "
+    "at attrs['starts']): i64[S] for every row, or i64[R, S] per row of attrs['row_axis']",
 )
 def _update_rows(ins, attrs):
     x, upd, positions = ins
     same_dtype([x, upd], "a state write")
-    if upd.rank != x.rank or positions.rank != 1 or positions.dtype not in INT_DTYPES:
+    rank, rows_first = (2, attrs["row_axis"] < attrs["axis"]) if "row_axis" in attrs else (1, 1)
+    bad = positions.rank != rank or not rows_first or positions.dtype not in INT_DTYPES
+    if upd.rank != x.rank or bad:
         raise OpTypeError(
-            "update_rows needs an update of the target's rank and 1-D integer positions",
-            f"{x} and i64[n]",
+            "update_rows needs an update of the target's rank and integer positions",
+            f"{x} and i64 of rank {rank}",
             f"{upd} and {positions}",
         )
     return x
@@ -343,8 +345,8 @@ op("gelu", "library", "gelu, attrs['approx'] = 'none' (erf) or 'tanh'")(_float_u
 @op(
     "rope",
     "library",
-    "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables), "
-    "or at a positions tensor given as a second operand",
+    "rotary embedding of [B, H, S, D] at positions offset+0..S (f32 tables), or at a "
+    "positions tensor given as a second operand: i64[S], or i64[B, S] per row",
     arity=(1, 2),
 )
 def _rope(ins, attrs):
@@ -365,7 +367,8 @@ def _rope(ins, attrs):
     "|q - k| <= window // 2, symmetric); with attrs['masked'] "
     "the next operand is a key padding mask [B, T] (nonzero: attend); with attrs['sinks'] the "
     "next one holds a logit per head that joins each softmax's denominator (GPT-OSS); an "
-    "optional last operand gives the query positions as a tensor (instead of q_offset)",
+    "optional last operand gives the query positions as a tensor (instead of q_offset): "
+    "[S] or [B, S]",
     arity=(3, 6),
 )
 def _attention(ins, attrs):
@@ -396,86 +399,6 @@ def _attention(ins, attrs):
     return TensorType(dtype, q.shape)
 
 
-# -- vision: convolution, pooling, batch norm (decompositions in linnet/ir/library.py) -----
-def _spatial_out(size: Poly, kernel: Poly, stride: int, padding: int) -> Poly:
-    """(size + 2 * padding - kernel) // stride + 1, as PyTorch sizes a conv or pool."""
-    return (size + 2 * padding - kernel).floordiv(stride) + 1
-
-
-def _window_attrs(attrs, what: str) -> tuple:
-    """stride and padding: ints when lowering; the checker may pass config dims."""
-    stride, padding = attrs.get("stride", 1), attrs.get("padding", 0)
-    for value, low in ((stride, 1), (padding, 0)):
-        if isinstance(value, Poly) and not value.is_const:
-            continue
-        if int(Poly.lift(value).value) < low:
-            raise OpTypeError(
-                f"{what} needs stride >= 1 and padding >= 0", "integers", f"{stride}, {padding}"
-            )
-    return stride, padding
-
-
-@op(
-    "conv",
-    "library",
-    "2-D convolution of x [B, C, H, W] by w [O, C, KH, KW] (+ b [O]), attrs stride and "
-    "padding (zeros, both sides), as F.conv2d with groups=1",
-    arity=(2, 3),
-)
-def _conv(ins, attrs):
-    x, w = ins[0], ins[1]
-    dtype = same_dtype(ins, "conv")
-    require_float(x, "conv")
-    stride, padding = _window_attrs(attrs, "conv")
-    if x.rank != 4 or w.rank != 4 or x.shape[1] != w.shape[1]:
-        raise OpTypeError(
-            "shape mismatch in conv: x [B, C, H, W] and w [O, C, KH, KW]",
-            f"w like [O, {x.shape[1] if x.rank == 4 else 'C'}, KH, KW]",
-            f"x {x} and w {w}",
-        )
-    if len(ins) == 3 and (ins[2].rank != 1 or ins[2].shape[0] != w.shape[0]):
-        raise OpTypeError("shape mismatch in conv: bias", f"[{w.shape[0]}]", str(ins[2]))
-    h, wd = (_spatial_out(x.shape[i], w.shape[i], stride, padding) for i in (2, 3))
-    return TensorType(dtype, (x.shape[0], w.shape[0], h, wd))
-
-
-@op(
-    "max_pool",
-    "library",
-    "2-D max pooling of x [B, C, H, W]: attrs kernel, stride, padding (-inf), as F.max_pool2d",
-)
-def _max_pool(ins, attrs):
-    x = ins[0]
-    require_float(x, "max_pool")
-    stride, padding = _window_attrs(attrs, "max_pool")
-    kernel = attrs["kernel"]
-    if x.rank != 4 or (isinstance(padding, int) and 2 * padding > kernel):
-        raise OpTypeError("max_pool needs [B, C, H, W] and padding <= kernel / 2", "", str(x))
-    h, w = (_spatial_out(x.shape[i], Poly.const(kernel), stride, padding) for i in (2, 3))
-    return x.with_shape((x.shape[0], x.shape[1], h, w))
-
-
-@op(
-    "batch_norm",
-    "library",
-    "inference batch norm over axis 1: (x - mean) * rsqrt(var + eps) * w + b, f32 inside; "
-    "operands x, w, b, mean, var",
-    arity=(5, 5),
-)
-def _batch_norm(ins, attrs):
-    x = ins[0]
-    require_float(x, "batch_norm")
-    same_dtype(ins, "batch_norm")
-    if x.rank < 2:
-        raise OpTypeError("batch_norm needs channels on axis 1", "[B, C, ...]", str(x))
-    for p in ins[1:]:
-        if p.rank != 1 or p.shape[0] != x.shape[1]:
-            raise OpTypeError(
-                "shape mismatch in batch_norm: params must match axis 1", f"[{x.shape[1]}]", str(p)
-            )
-    return x
-
-
 def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
     """A key padding mask is [B, T]: one flag per key of each sequence."""
     want = f"i64, i32 or bool [{q.shape[0]}, {k.shape[2] if k.rank == 4 else 'T'}]"
@@ -495,5 +418,6 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
         )
 
 
-# Ops registered from their own modules: group norm and nearest upsampling, the moe op.
+# Ops registered from their own modules: the image ops (convolution, pooling, batch and
+# group norm, nearest upsampling), the moe op.
 from linnet.ir import ops_image, ops_moe  # noqa: E402, F401  (they register into OPS)

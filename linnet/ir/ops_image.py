@@ -1,12 +1,92 @@
-"""Image ops of the op table beyond convolution (issue 15: diffusion decoders): group norm
-and nearest upsampling. They register into `linnet.ir.ops.OPS` (ops.py imports this module
-last); their decompositions are in `linnet/ir/library.py`, like every library op's."""
+"""Image ops of the op table: convolution, max pooling, batch norm, group norm and nearest
+upsampling. They register into `linnet.ir.ops.OPS` (ops.py imports this module last);
+their decompositions are in `linnet/ir/library.py`, like every library op's."""
 
 from __future__ import annotations
 
 from linnet.core.dims import Poly
 from linnet.ir.ops import op, require_float, same_dtype
-from linnet.ir.types import OpTypeError
+from linnet.ir.types import OpTypeError, TensorType
+
+
+# -- vision: convolution, pooling, batch norm (decompositions in linnet/ir/library.py) -----
+def _spatial_out(size: Poly, kernel: Poly, stride: int, padding: int) -> Poly:
+    """(size + 2 * padding - kernel) // stride + 1, as PyTorch sizes a conv or pool."""
+    return (size + 2 * padding - kernel).floordiv(stride) + 1
+
+
+def _window_attrs(attrs, what: str) -> tuple:
+    """stride and padding: ints when lowering; the checker may pass config dims."""
+    stride, padding = attrs.get("stride", 1), attrs.get("padding", 0)
+    for value, low in ((stride, 1), (padding, 0)):
+        if isinstance(value, Poly) and not value.is_const:
+            continue
+        if int(Poly.lift(value).value) < low:
+            raise OpTypeError(
+                f"{what} needs stride >= 1 and padding >= 0", "integers", f"{stride}, {padding}"
+            )
+    return stride, padding
+
+
+@op(
+    "conv",
+    "library",
+    "2-D convolution of x [B, C, H, W] by w [O, C, KH, KW] (+ b [O]), attrs stride and "
+    "padding (zeros, both sides), as F.conv2d with groups=1",
+    arity=(2, 3),
+)
+def _conv(ins, attrs):
+    x, w = ins[0], ins[1]
+    dtype = same_dtype(ins, "conv")
+    require_float(x, "conv")
+    stride, padding = _window_attrs(attrs, "conv")
+    if x.rank != 4 or w.rank != 4 or x.shape[1] != w.shape[1]:
+        raise OpTypeError(
+            "shape mismatch in conv: x [B, C, H, W] and w [O, C, KH, KW]",
+            f"w like [O, {x.shape[1] if x.rank == 4 else 'C'}, KH, KW]",
+            f"x {x} and w {w}",
+        )
+    if len(ins) == 3 and (ins[2].rank != 1 or ins[2].shape[0] != w.shape[0]):
+        raise OpTypeError("shape mismatch in conv: bias", f"[{w.shape[0]}]", str(ins[2]))
+    h, wd = (_spatial_out(x.shape[i], w.shape[i], stride, padding) for i in (2, 3))
+    return TensorType(dtype, (x.shape[0], w.shape[0], h, wd))
+
+
+@op(
+    "max_pool",
+    "library",
+    "2-D max pooling of x [B, C, H, W]: attrs kernel, stride, padding (-inf), as F.max_pool2d",
+)
+def _max_pool(ins, attrs):
+    x = ins[0]
+    require_float(x, "max_pool")
+    stride, padding = _window_attrs(attrs, "max_pool")
+    kernel = attrs["kernel"]
+    if x.rank != 4 or (isinstance(padding, int) and 2 * padding > kernel):
+        raise OpTypeError("max_pool needs [B, C, H, W] and padding <= kernel / 2", "", str(x))
+    h, w = (_spatial_out(x.shape[i], Poly.const(kernel), stride, padding) for i in (2, 3))
+    return x.with_shape((x.shape[0], x.shape[1], h, w))
+
+
+@op(
+    "batch_norm",
+    "library",
+    "inference batch norm over axis 1: (x - mean) * rsqrt(var + eps) * w + b, f32 inside; "
+    "operands x, w, b, mean, var",
+    arity=(5, 5),
+)
+def _batch_norm(ins, attrs):
+    x = ins[0]
+    require_float(x, "batch_norm")
+    same_dtype(ins, "batch_norm")
+    if x.rank < 2:
+        raise OpTypeError("batch_norm needs channels on axis 1", "[B, C, ...]", str(x))
+    for p in ins[1:]:
+        if p.rank != 1 or p.shape[0] != x.shape[1]:
+            raise OpTypeError(
+                "shape mismatch in batch_norm: params must match axis 1", f"[{x.shape[1]}]", str(p)
+            )
+    return x
 
 
 @op(

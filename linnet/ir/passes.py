@@ -76,10 +76,11 @@ def dedupe_guards(graph: Graph) -> Graph:
 
 
 VIEW_OPS = ("slice", "reshape", "transpose")
+WRITE_OPS = ("update_slice", "update_rows")  # state writes: x with some rows replaced
 
 
 def inplace_updates(graph: Graph) -> set[int]:
-    """Indices of the `update_slice` nodes that may write into their input's storage.
+    """Indices of the state writes (`WRITE_OPS`) that may write into their input's storage.
 
     The IR is functional: a value read from state before a write keeps the old
     data. Writing in place is only safe when nothing that shares the old
@@ -98,12 +99,12 @@ def inplace_updates(graph: Graph) -> set[int]:
         last_use[v] = end
     safe: set[int] = set()
     for i, node in enumerate(graph.nodes):
-        if node.op in VIEW_OPS or node.op == "update_slice":
+        if node.op in VIEW_OPS or node.op in WRITE_OPS:
             x = node.inputs[0]
             base = root.get(x, x)
         if node.op in VIEW_OPS:
             root[node.output] = base
-        if node.op != "update_slice":
+        if node.op not in WRITE_OPS:
             continue
         stale = [v for v, r in root.items() if r is base and born[v] < i] + [base]
         if all(last_use.get(v, -1) <= i for v in stale if v is not node.output):

@@ -18,7 +18,7 @@ import itertools
 
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder
-from linnet.ir.passes import copy_frame, finish, verify
+from linnet.ir.passes import WRITE_OPS, copy_frame, finish, verify
 
 ONE = Poly.const(1)
 
@@ -36,7 +36,7 @@ def _versions(graph: Graph, state) -> list:
     """The state value and every value an `update_slice` chain derives from it."""
     versions, frontier = [state], {state}
     for node in graph.nodes:
-        if node.op == "update_slice" and node.inputs[0] in frontier:
+        if node.op in WRITE_OPS and node.inputs[0] in frontier:
             versions.append(node.output)
             frontier.add(node.output)
     return versions
@@ -45,7 +45,7 @@ def _versions(graph: Graph, state) -> list:
 def _indexed_axes(node, version) -> int:
     """How many leading axes this use of a state version indexes with one constant."""
     shape = version.type.shape
-    if node.op == "update_slice" and node.inputs[0] is version:
+    if node.op in WRITE_OPS and node.inputs[0] is version:
         starts, sizes = node.attrs["starts"], node.inputs[1].type.shape
     elif node.op == "slice":
         starts = node.attrs["starts"]
@@ -97,7 +97,7 @@ def split_states(graph: Graph) -> tuple[Graph, dict[str, list[str]]]:
         del mapping[v]
     for node in graph.nodes:
         x = node.inputs[0] if node.inputs else None
-        if x in parts_of and node.op in ("update_slice", "slice"):
+        if x in parts_of and node.op in WRITE_OPS + ("slice",):
             _rewrite_use(b, node, parts_of, mapping)
             continue
         ins = [mapping[v] for v in node.inputs]
@@ -114,12 +114,14 @@ def _rewrite_use(b: GraphBuilder, node, parts_of: dict, mapping: dict) -> None:
     k = len(next(iter(parts)))
     coord = tuple(Poly.lift(s).value for s in node.attrs["starts"][:k])
     starts = tuple(node.attrs["starts"][k:])
-    if node.op == "update_slice":
+    if node.op in WRITE_OPS:
         update = mapping[node.inputs[1]]
         inner = b.type_of(update).shape[k:]
         update = b.add("reshape", [update], shape=inner)
         new = dict(parts)
-        new[coord] = b.add("update_slice", [parts[coord], update], starts=starts)
+        extra = [mapping[v] for v in node.inputs[2:]]  # update_rows: the positions
+        attrs = {a: node.attrs[a] - k for a in ("axis", "row_axis") if a in node.attrs}
+        new[coord] = b.add(node.op, [parts[coord], update, *extra], starts=starts, **attrs)
         parts_of[node.output] = new
     else:
         read = b.add("slice", [parts[coord]], starts=starts, stops=tuple(node.attrs["stops"][k:]))

@@ -27,6 +27,15 @@ class JaxArrays:
         return jnp.zeros(shape, numpy_dtype(dtype))
 
     @staticmethod
+    def row(x, axis: int, r: int) -> jax.Array:
+        """Row r of a state along its batch axis (a new array)."""
+        return jax.lax.slice_in_dim(x, r, r + 1, axis=axis)
+
+    @staticmethod
+    def put_row(x, axis: int, r: int, part) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(x, part, r, axis)
+
+    @staticmethod
     def concat(parts) -> jax.Array:
         return jnp.concatenate(parts, axis=1)
 

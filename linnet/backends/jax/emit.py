@@ -98,11 +98,29 @@ def _update_slice(a, s, x, update):
 
 
 def _update_rows(a, s, x, update, positions):
+    if "row_axis" in a:  # positions [R, S]: every axis indexed by arrays, shaped like update
+        return f"{x}.at[{_row_index(a, s, positions)}].set({update})"
     index = ", ".join(
         positions if i == a["axis"] else f"{s.dim(lo)}:{s.dim(Poly.lift(lo) + n)}"
         for i, (lo, n) in enumerate(zip(a["starts"], a["sizes"]))
     )
     return f"{x}.at[{index}].set({update})"
+
+
+def _row_index(a, s, positions) -> str:
+    """An index array per axis broadcasting to the update's shape: the positions (R at
+    row_axis, S at axis) along `axis`, lo..lo+n along every other axis."""
+    rank, axis, row_axis = len(a["sizes"]), a["axis"], a["row_axis"]
+    items = []
+    for i, (lo, n) in enumerate(zip(a["starts"], a["sizes"])):
+        if i == axis:
+            shape = [s.dim(a["sizes"][j]) if j in (row_axis, axis) else "1" for j in range(rank)]
+            items.append(f"{positions}.reshape({', '.join(shape)})")
+            continue
+        shape = ", ".join("-1" if j == i else "1" for j in range(rank))
+        stop = s.dim(Poly.lift(lo) + n)
+        items.append(f"jnp.arange({s.dim(lo)}, {stop}).reshape({shape})")
+    return ", ".join(items)
 
 
 def _iota(a, s):

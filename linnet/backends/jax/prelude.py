@@ -76,13 +76,15 @@ def _yarn_inv_freq(head_dim, theta, factor, original_max, exponent, beta_fast, b
 def _positions(offset, seq):
     """Positions offset..offset+seq (offset an int or a traced scalar), or `offset` itself
     when it is already a 1-D array of positions."""
-    if jnp.ndim(offset) == 1:
+    if jnp.ndim(offset) >= 1:  # [S], or [B, S] per row
         return offset
     return offset + jnp.arange(seq, dtype=jnp.int32)
 
 
 def _rows(table, offset, seq, dtype):
     """Rows offset..offset+seq of a rope table (or the rows at a positions array)."""
+    if jnp.ndim(offset) == 2:  # per-row positions [B, S]: (B, 1, S, D/2)
+        return jnp.take(table, offset, axis=0)[:, None].astype(dtype)
     if jnp.ndim(offset) == 1:
         return jnp.take(table, offset, axis=0).astype(dtype)
     return lax.dynamic_slice_in_dim(table, offset, seq, axis=0).astype(dtype)
@@ -129,9 +131,10 @@ def rope_ref(x, cos, sin, offset):
 
 
 def _mask(q_offset, s, t, window, causal=True):
-    """[S, T] bool: key position <= query position (and inside the window); without
-    `causal`, keys within window // 2 of the query on either side."""
-    qpos = _positions(q_offset, s)[:, None]
+    """[S, T] bool ([B, S, T] for per-row positions): key position <= query position (and
+    inside the window); without `causal`, keys within window // 2 of the query on either
+    side."""
+    qpos = _positions(q_offset, s)[..., None]
     kpos = jnp.arange(t, dtype=jnp.int32)[None, :]
     if not causal:
         return jnp.abs(kpos - qpos) <= window // 2
@@ -159,7 +162,9 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks
     scores = jnp.matmul(q5, k5t, precision=HIGHEST)  # (B, KV, G, S, T)
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).astype(jnp.float32)
     if causal or window:
-        scores = jnp.where(_mask(q_offset, s, t, window, causal), scores, -jnp.inf)
+        mask = _mask(q_offset, s, t, window, causal)
+        mask = mask[:, None, None] if mask.ndim == 3 else mask  # per row: (B, 1, 1, S, T)
+        scores = jnp.where(mask, scores, -jnp.inf)
     if key_mask is not None:
         scores = jnp.where(key_mask.reshape(b, 1, 1, 1, t) != 0, scores, -jnp.inf)
         probs = _softmax_or_zero(scores).astype(q.dtype)
@@ -268,7 +273,9 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sink
     if sinks is not None:  # no fused kernel takes sinks
         return attention_ref(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     s, t = q.shape[2], k.shape[2]
-    mask = _mask(q_offset, s, t, window, causal)[None, None] if causal or window else None
+    mask = _mask(q_offset, s, t, window, causal) if causal or window else None
+    if mask is not None:  # (1, 1, S, T), or (B, 1, S, T) per row
+        mask = mask[:, None] if mask.ndim == 3 else mask[None, None]
     if key_mask is not None:  # (B, 1, 1, T) padding
         keep = key_mask[:, None, None, :] != 0
         mask = keep if mask is None else mask & keep

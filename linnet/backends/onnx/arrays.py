@@ -38,6 +38,42 @@ class OnnxArrays:
         self.buffers[id(value)] = zeros  # the OrtValue borrows this memory
         return value
 
+    def row(self, x, axis: int, r: int):
+        """Row r of a state along its batch axis: an OrtValue over a view of x's buffer
+        when that view is contiguous (a part written in place then writes x), else a copy."""
+        import onnxruntime as ort
+
+        view = self._buffer(x)[(slice(None),) * axis + (slice(r, r + 1),)]
+        if not view.flags.c_contiguous:
+            view = np.ascontiguousarray(view)
+        value = ort.OrtValue.ortvalue_from_numpy(view)
+        self.buffers[id(value)] = view
+        return value
+
+    def put_row(self, x, axis: int, r: int, part):
+        """x with row r replaced by `part` (nothing to copy when part wrote in place)."""
+        whole = self._buffer(x)
+        if whole.ctypes.data != x.data_ptr():  # x did not borrow a buffer: own one
+            x = self._owned(whole)
+        view = whole[(slice(None),) * axis + (slice(r, r + 1),)]
+        if part.data_ptr() != view.ctypes.data:
+            view[...] = part.numpy()
+        return x
+
+    def _buffer(self, x) -> np.ndarray:
+        """The numpy memory an OrtValue borrows, or a copy of its data."""
+        buf = self.buffers.get(id(x))
+        if buf is not None and buf.ctypes.data == x.data_ptr():
+            return buf
+        return x.numpy()
+
+    def _owned(self, array: np.ndarray):
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        self.buffers[id(value)] = array
+        return value
+
     def forget(self) -> None:
         self.buffers = {}
 

@@ -210,10 +210,12 @@ def _update_slice(a, b, x, update):
     return _write_box(b, x, shape, starts, sizes, lambda box: update)
 
 
-def _scatter_rows(b, x, update, rows, axis: int, rank: int) -> str:
+def _scatter_rows(b, x, update, rows, axis: int, rank: int, shaped: bool = False) -> str:
     """x with `update` written at `rows` (1-D) along `axis`, every other axis whole."""
-    index_shape = b.const([-1 if i == axis else 1 for i in range(rank)])
-    index = b.node("Reshape", [rows, index_shape])
+    index = rows  # `shaped`: already of rank `rank` (per-row positions)
+    if not shaped:
+        index_shape = b.const([-1 if i == axis else 1 for i in range(rank)])
+        index = b.node("Reshape", [rows, index_shape])
     index = b.node("Expand", [index, b.node("Shape", [update])])
     return b.node("ScatterElements", [x, index, update], axis=axis)
 
@@ -221,9 +223,12 @@ def _scatter_rows(b, x, update, rows, axis: int, rank: int) -> str:
 def _update_rows(a, b, x, update, positions):
     axis = a["axis"]
     rank = len(a["sizes"])
+    if "row_axis" in a:  # [R, S] -> R at row_axis, S at axis, 1 elsewhere (row_axis < axis)
+        ones = [i for i in range(rank) if i not in (a["row_axis"], axis)]
+        positions = b.node("Unsqueeze", [positions, b.const(ones)])
 
     def scatter(box):
-        return _scatter_rows(b, box, update, positions, axis, rank)
+        return _scatter_rows(b, box, update, positions, axis, rank, "row_axis" in a)
 
     shape = list(a["in_shape"])
     sizes = _with(a["sizes"], axis, shape[axis])  # whole rows: the positions pick them
@@ -292,7 +297,8 @@ def _attention_bias(a, b, q_positions, key_mask, bsz, seq, keys):
         if q_positions is None:
             start = Poly.lift(a["q_offset"])
             q_positions = b.node("Range", [b.scalar(start), b.scalar(start + seq), b.const(1)])
-        qpos = b.node("Unsqueeze", [q_positions, b.const([1])])  # (S, 1)
+        per_row = [1, 2, 4] if a.get("per_row") else [1]  # (B, 1, 1, S, 1) per row
+        qpos = b.node("Unsqueeze", [q_positions, b.const(per_row)])  # (S, 1)
         kpos = b.node("Range", [b.const(0), b.scalar(keys), b.const(1)])  # (T,)
         allowed = _band(a, b, qpos, kpos)
         bias = b.node("Where", [allowed, zero, never])
@@ -412,6 +418,8 @@ def emit(node, b: OnnxBuilder, inputs: list[str]) -> str | None:
         attrs.setdefault("dtype", node.output.type.dtype)
     if node.op == "attention":
         attrs["q_shape"], attrs["k_shape"] = node.inputs[0].type.shape, node.inputs[1].type.shape
+        with_positions = len(node.inputs) > 3 + bool(attrs.get("masked"))
+        attrs["per_row"] = with_positions and node.inputs[-1].type.rank == 2
         if attrs.get("masked"):
             attrs["mask_dtype"] = node.inputs[3].type.dtype
     return EMITTERS[node.op](attrs, b, *inputs)

@@ -28,6 +28,7 @@ from linnet.backends.onnx.emit import (
 )
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
+from linnet.ir.passes import WRITE_OPS
 from linnet.ir.pipeline import run_pipeline
 from linnet.ir.program import Program
 
@@ -163,7 +164,7 @@ def inplace_parts(graph: Graph) -> list[str]:
     safe = []
     for name, v in graph.states.items():
         users = uses.get(v, [])
-        if len(users) == 1 and users[0].op == "update_slice" and users[0].inputs[0] is v:
+        if len(users) == 1 and users[0].op in WRITE_OPS and users[0].inputs[0] is v:
             node = users[0]
             shape, sizes = v.type.shape, node.inputs[1].type.shape
             if len(partial_axes(shape, node.attrs["starts"], sizes)) == 1:

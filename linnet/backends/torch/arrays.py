@@ -43,6 +43,20 @@ class TorchArrays:
             return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
 
     @staticmethod
+    def row(x: torch.Tensor, axis: int, r: int) -> torch.Tensor:
+        """Row r of a state along its batch axis: a view (writes reach x)."""
+        return x.narrow(axis, r, 1)
+
+    @staticmethod
+    def put_row(x: torch.Tensor, axis: int, r: int, part: torch.Tensor) -> torch.Tensor:
+        """x with row r replaced by `part` (nothing to copy when part is x's view)."""
+        view = x.narrow(axis, r, 1)
+        if part.data_ptr() != view.data_ptr() or part.stride() != view.stride():
+            with torch.inference_mode():
+                view.copy_(part)
+        return x
+
+    @staticmethod
     def concat(parts) -> torch.Tensor:
         return torch.cat(parts, dim=1)
 

@@ -18,7 +18,7 @@ from linnet.backends.emit import Lines
 from linnet.backends.torch import prelude as torch_prelude
 from linnet.backends.torch.emit import TORCH_DTYPE_NAMES, Spell, emit
 from linnet.ir.graph import Graph
-from linnet.ir.passes import dying_values, inplace_updates
+from linnet.ir.passes import WRITE_OPS, dying_values, inplace_updates
 from linnet.ir.pipeline import run_pipelines
 from linnet.ir.program import Program
 
@@ -109,7 +109,7 @@ def _emit_body(graph: Graph, spell: Spell, names: dict, idents: set) -> list[str
     lines: list[str] = []
     temps = set()  # the method's own temporaries (not params, inputs or state)
     for index, node in enumerate(graph.nodes):
-        if node.op == "update_slice":
+        if node.op in WRITE_OPS:
             attrs = dict(node.attrs, inplace=index in inplace)
             node = type(node)(node.op, node.inputs, attrs, node.output, node.where)
         text = emit(node, spell, [names[v] for v in node.inputs])

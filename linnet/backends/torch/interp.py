@@ -21,7 +21,7 @@ from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES
 from linnet.errors import LinnetError, RuntimeGuardError
 from linnet.ir.graph import Graph
-from linnet.ir.passes import dying_values, inplace_updates
+from linnet.ir.passes import WRITE_OPS, dying_values, inplace_updates
 
 TORCH_DTYPES = {name: getattr(torch, d.torch) for name, d in DTYPES.items()}
 
@@ -99,7 +99,7 @@ class Interpreter:
                 value = torch.as_tensor(node.attrs["value"])
                 self.fixed[out] = value.to(TORCH_DTYPES[node.attrs["dtype"]]).to(device)
                 continue
-            if node.op == "update_slice":
+            if node.op in WRITE_OPS:
                 node = type(node)(
                     node.op,
                     node.inputs,

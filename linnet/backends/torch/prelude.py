@@ -137,9 +137,12 @@ def _positions(offset, seq, device):
 
 
 def _allowed(q_offset, s, t, window, device, causal=True):
-    """[S, T] bool: key position <= query position (and inside the window); without
-    `causal`, keys within window // 2 of the query on either side."""
-    qpos = _positions(q_offset, s, device)[:, None]
+    """[S, T] bool (or [B, 1, S, T] for per-row positions [B, S]): key position <= query
+    position (and inside the window); without `causal`, keys within window // 2 of the
+    query on either side."""
+    qpos = _positions(q_offset, s, device)[..., None]
+    if qpos.dim() == 3:
+        qpos = qpos[:, None]  # (B, 1, S, 1): broadcast over heads
     kpos = torch.arange(t, device=device)[None, :]
     if not causal:
         return (kpos - qpos).abs() <= window // 2
@@ -166,6 +169,8 @@ def rope_ref(x, cos, sin, offset):
     seq, half = x.shape[2], x.shape[3] // 2
     if isinstance(offset, torch.Tensor):
         c, s = cos[offset], sin[offset]
+        if c.dim() == 3:  # per-row positions: (B, S, D) -> (B, 1, S, D)
+            c, s = c[:, None], s[:, None]
     else:
         c, s = cos[offset : offset + seq], sin[offset : offset + seq]
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
@@ -193,6 +198,8 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks
     scores = scores.reshape(b, kv, g, s, t)
     if _masks_some(causal, q_offset, s, t, window):
         allowed = _allowed(q_offset, s, t, window, q.device, causal)
+        if allowed.dim() == 4:  # per row (B, 1, S, T) -> (B, 1, 1, S, T)
+            allowed = allowed[:, :, None]
         scores = scores.masked_fill(~allowed, -math.inf)
     if key_mask is not None:
         scores = scores.masked_fill(key_mask.reshape(b, 1, 1, 1, t) == 0, -math.inf)

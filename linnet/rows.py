@@ -1,0 +1,143 @@
+"""Decoding over R fixed cache rows, each at its own position (issue 13): the row-decoding
+contract a server schedules requests through.
+
+    rows = model.rows(8)                      # 8 cache rows of model.max_positions - 1 tokens
+    logits = rows.prefill(3, prompt_ids)      # f32[vocab] after the prompt; row 3 only
+    logits = rows.step([0, 3], [t0, t3])      # f32[2, vocab]: one token for each listed row
+    rows.free(3)                              # row 3 starts afresh at its next prefill
+
+`step` runs the source's `decode_rows` entry over every row (rows not listed are fed their
+next position, so what they write lies past their length and is overwritten before it is
+ever read); `prefill` runs the `decode` entry on one row's slice of the cache, in chunks,
+so a long prompt costs one row's work and leaves the other rows untouched. The cache has
+one slot more than a row holds: a full row that is not stepped still has room for the
+write it is fed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from linnet.core.dims import Poly
+from linnet.errors import LinnetError
+
+ROWS_ENTRY = "decode_rows"
+PREFILL_CHUNK = 256
+
+
+class RowDecoder:
+    def __init__(self, model, count: int, positions: int | None = None, chunk: int = PREFILL_CHUNK):
+        if ROWS_ENTRY not in model.entries:
+            raise LinnetError(f"this model has no `{ROWS_ENTRY}` entry: it cannot decode rows")
+        limit = model.max_positions - 1  # the cache's last slot is for idle full rows
+        positions = limit if positions is None else int(positions)
+        if not 1 <= positions <= limit:
+            raise LinnetError(
+                f"rows hold 1 to {limit} positions with this cache "
+                f"(max_positions {model.max_positions}), got {positions}"
+            )
+        if count < 1 or chunk < 1:
+            raise LinnetError(f"need at least one row and a chunk of 1 or more, got {count}")
+        self.model, self.rows, self.positions, self.chunk = model, int(count), positions, chunk
+        self.lengths = [0] * self.rows
+        self.row_axes = _row_axes(model._state_types())
+        self.state = {
+            name: model.arrays.zeros(shape, dtype)
+            for name, shape, dtype in model._state_specs(self.rows)
+        }
+
+    def length(self, row: int) -> int:
+        return self.lengths[self._row(row)]
+
+    def free(self, row: int) -> None:
+        self.lengths[self._row(row)] = 0
+
+    def prefill(self, row: int, ids: Sequence[int]) -> np.ndarray:
+        """Append `ids` to the row from its current length, in chunks; f32[vocab] logits
+        after the last id. Other rows are untouched."""
+        row, ids = self._row(row), [int(i) for i in ids]
+        if not ids:
+            raise LinnetError("prefill needs at least one token id")
+        self._check_room(row, len(ids))
+        with self._one_row(row):
+            for start in range(0, len(ids), self.chunk):
+                part = ids[start : start + self.chunk]
+                logits = self.model._decode(self.model._ids([part]), self.lengths[row])
+                self.lengths[row] += len(part)
+        return _host(logits)[0]
+
+    def step(self, rows: Sequence[int], ids: Sequence[int]) -> np.ndarray:
+        """One token for each listed row at its own position; f32[len(rows), vocab]."""
+        rows = [self._row(r) for r in rows]
+        if len(set(rows)) != len(rows) or len(rows) != len(ids):
+            raise LinnetError(f"step needs distinct rows, one id each: rows {rows}, ids {ids}")
+        if not rows:
+            return np.zeros((0, self.model.config["vocab"]), np.float32)
+        for r in rows:
+            self._check_room(r, 1)
+        tokens = np.zeros((self.rows, 1), np.int64)
+        tokens[rows, 0] = [int(i) for i in ids]
+        at = np.asarray(self.lengths, np.int64)  # idle rows write past their length
+        inputs = self.model._inputs(ROWS_ENTRY, [tokens, at])
+        with self._all_rows():
+            logits = self.model._execute(ROWS_ENTRY, inputs, {"reach": int(at.max())})
+        for r in rows:
+            self.lengths[r] += 1
+        return _host(logits)[rows]
+
+    # -- helpers ------------------------------------------------------------------------
+    def _row(self, row) -> int:
+        if not (isinstance(row, (int, np.integer)) and 0 <= row < self.rows):
+            raise LinnetError(f"row must be an int in 0 .. {self.rows - 1}, got {row!r}")
+        return int(row)
+
+    def _check_room(self, row: int, more: int) -> None:
+        if self.lengths[row] + more > self.positions:
+            raise LinnetError(
+                f"row {row} holds {self.lengths[row]} of {self.positions} positions: "
+                f"{more} more do not fit"
+            )
+
+    @contextmanager
+    def _all_rows(self):
+        saved, self.model.state = self.model.state, self.state
+        try:
+            yield
+        finally:
+            self.state, self.model.state = self.model.state, saved
+
+    @contextmanager
+    def _one_row(self, row: int):
+        """The model's state is this row's slice of the cache (a view where the backend
+        has them) while the block runs; what it wrote goes back into the row."""
+        arrays, saved = self.model.arrays, self.model.state
+        self.model.state = {
+            name: arrays.row(x, self.row_axes[name], row) for name, x in self.state.items()
+        }
+        try:
+            yield
+        finally:
+            part, self.model.state = self.model.state, saved
+            for name, x in self.state.items():
+                self.state[name] = arrays.put_row(x, self.row_axes[name], row, part[name])
+
+
+def _row_axes(state_types: dict) -> dict[str, int]:
+    """Each state's batch axis (the one sized `B`): the axis rows are cut along."""
+    axes = {}
+    for name, (shape, _) in state_types.items():
+        found = [i for i, d in enumerate(shape) if Poly.lift(d) == Poly.atom("B")]
+        if len(found) != 1:
+            raise LinnetError(f"state `{name}` has no single batch axis B: {list(shape)}")
+        axes[name] = found[0]
+    return axes
+
+
+def _host(logits) -> np.ndarray:
+    """Logits as a host numpy f32 array, whatever the backend's array type."""
+    if hasattr(logits, "detach"):  # torch
+        logits = logits.detach().float().cpu()
+    return np.asarray(logits, dtype=np.float32)
