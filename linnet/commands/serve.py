@@ -30,7 +30,7 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
     type=click.IntRange(0),
     default=256,
     show_default=True,
-    help="requests that may wait for a row; past it, 429",
+    help="requests that may wait while every row is busy; one more gets 429",
 )
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
 @BACKEND_OPTION

@@ -22,16 +22,18 @@ def server(
     host: str = "127.0.0.1",
     port: int = 8000,
     name: str | None = None,
-    max_queue: int | None = None,
+    max_queue: int = 256,
+    prefill_chunk: int = 256,
     log_level: str = "warning",
     **load,
 ):
     """A `Server` for `target` (a zoo name, an HF repo id, a folder or a .gguf); `load`:
     `open_engine`'s options (rows, positions, backend, mode, dtype, checkpoint, revision).
+    `max_queue`: requests that may wait while every row is busy (one more gets 429);
+    `prefill_chunk`: prompt tokens a row prefills per round.
     The model loads when it starts; until then every request gets 503."""
     from linnet.serve.engine import open_engine
     from linnet.serve.server import Server
-    from linnet.serve.state import DEFAULT_MAX_QUEUE
 
     name = name or target
     return Server(
@@ -39,7 +41,8 @@ def server(
         name=name,
         host=host,
         port=port,
-        max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue,
+        max_queue=max_queue,
+        prefill_chunk=prefill_chunk,
         log_level=log_level,
     )
 

@@ -81,11 +81,12 @@ class Scheduler:
         with self.cond:
             if not self.admitting:
                 raise ApiError(503, "the server is shutting down")
-            if len(self.waiting) >= self.max_queue:
+            # the free rows take the first waiting jobs at the next round: they do not queue
+            if len(self.waiting) >= self.max_queue + len(self.free_rows):
                 raise ApiError(
                     429,
-                    f"{len(self.waiting)} requests already wait for a row "
-                    f"(the queue holds {self.max_queue}); retry later",
+                    f"every row is busy and {self.max_queue} requests already wait for one; "
+                    "retry later",
                     code="queue_full",
                 )
             self.waiting.append(job)

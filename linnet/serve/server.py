@@ -18,6 +18,7 @@ import uvicorn
 
 from linnet.serve.app import build_app
 from linnet.serve.engine import Engine
+from linnet.serve.scheduler import PREFILL_CHUNK
 from linnet.serve.state import DEFAULT_MAX_QUEUE, ServerState
 
 log = logging.getLogger("linnet.serve")
@@ -48,10 +49,11 @@ class Server:
         host: str = "127.0.0.1",
         port: int = 8000,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        prefill_chunk: int = PREFILL_CHUNK,
         log_level: str = "warning",
     ):
         self.loader = loader
-        self.state = ServerState(name, max_queue=max_queue)
+        self.state = ServerState(name, max_queue=max_queue, chunk=prefill_chunk)
         self.socket = _bind(host, port)
         self.host, self.port = self.socket.getsockname()[:2]
         config = uvicorn.Config(

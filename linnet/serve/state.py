@@ -7,13 +7,15 @@ import time
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import Metrics
 from linnet.serve.protocol import ApiError
-from linnet.serve.scheduler import Scheduler
+from linnet.serve.scheduler import PREFILL_CHUNK, Scheduler
 
-DEFAULT_MAX_QUEUE = 256  # requests waiting for a row; one more gets 429
+DEFAULT_MAX_QUEUE = 256  # requests waiting while every row is busy; one more gets 429
 
 
 class ServerState:
-    def __init__(self, name: str, *, max_queue: int = DEFAULT_MAX_QUEUE, chunk: int = 256):
+    def __init__(
+        self, name: str, *, max_queue: int = DEFAULT_MAX_QUEUE, chunk: int = PREFILL_CHUNK
+    ):
         self.name = name
         self.created = int(time.time())
         self.max_queue = max_queue
