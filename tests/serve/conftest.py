@@ -125,12 +125,14 @@ def wait_metric(url: str, name: str, value: float, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def greedy_answer(folder, tokenizer, ids: list[int], max_tokens: int) -> tuple[str, int]:
-    """transformers' greedy answer as the server should give it: its text (EOS not shown) and
-    the number of tokens generated (EOS counted), stopping at the checkpoint's EOS (2)."""
+def greedy_answer(folder, tokenizer, ids: list[int], max_tokens: int) -> tuple[str, int, str]:
+    """transformers' greedy answer as the server should give it: its text (EOS not shown), the
+    number of tokens generated (EOS counted) and the finish reason ("stop" at the checkpoint's
+    EOS, else "length")."""
     import torch
 
     out = reference_greedy(folder, torch.tensor([ids]), max_tokens, stop_at_eos=True)
     new = out[0, len(ids) :].tolist()
     shown = new[: new.index(EOS)] if EOS in new else new
-    return tokenizer.decode(shown, skip_special_tokens=True), len(new)
+    reason = "stop" if EOS in new else "length"
+    return tokenizer.decode(shown, skip_special_tokens=True), len(new), reason

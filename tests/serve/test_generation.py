@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from tests.serve.conftest import EOS, MODEL, greedy_answer, metric, wait_metric
+from tests.serve.conftest import MODEL, greedy_answer, metric, wait_metric
 
 
 def mixed_prompts(n: int = 16) -> list[tuple[list[int], int]]:
@@ -36,24 +36,17 @@ def test_concurrent_greedy_equals_solo_equals_transformers(client, served, tiny_
     solo = [complete(client, ids, n) for ids, n in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda p: complete(client, *p), prompts))
-    stops = 0
+    stops = 0  # requests that end at EOS: the stop path is in the mix
     for (ids, n), alone, crowd in zip(prompts, solo, together):
-        want, generated = greedy_answer(tiny_served, tokenizer, ids, n)
+        want, generated, reason = greedy_answer(tiny_served, tokenizer, ids, n)
         assert crowd.choices[0].text == alone.choices[0].text == want, (len(ids), n)
         assert crowd.usage.completion_tokens == alone.usage.completion_tokens == generated
         assert crowd.usage.prompt_tokens == len(ids)
         assert crowd.usage.total_tokens == len(ids) + generated
-        reason = "length" if generated == n and not want_eos(tiny_served, ids, n) else "stop"
         assert crowd.choices[0].finish_reason == reason
         stops += reason == "stop"
+    assert 0 < stops < len(prompts)
     wait_metric(served.url, "linnet_rows_in_use", 0)
-
-
-def want_eos(folder, ids, n) -> bool:
-    from tests.checkpoints import reference_greedy
-
-    out = reference_greedy(folder, torch.tensor([ids]), n, stop_at_eos=True)
-    return EOS in out[0, len(ids) :].tolist()
 
 
 def test_chat_uses_the_template_and_matches_transformers(client, tiny_served, tokenizer):
@@ -64,7 +57,7 @@ def test_chat_uses_the_template_and_matches_transformers(client, tiny_served, to
     got = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=20, temperature=0
     )
-    want, generated = greedy_answer(tiny_served, tokenizer, list(ids), 20)
+    want, generated, _ = greedy_answer(tiny_served, tokenizer, list(ids), 20)
     assert got.choices[0].message.content == want
     assert got.choices[0].message.role == "assistant"
     assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), generated)
@@ -122,7 +115,7 @@ def test_stop_strings_end_the_text_before_them(client, tokenizer):
 
 def test_max_tokens_ends_with_length(client, tiny_served, tokenizer):
     ids = tokenizer("w40 w41")["input_ids"]
-    want, generated = greedy_answer(tiny_served, tokenizer, ids, 9)
+    want, generated, _ = greedy_answer(tiny_served, tokenizer, ids, 9)
     assert generated == 9 and len(want.split()) == 9  # no EOS nor unknown word: a fair probe
     for n in (1, 5, 9):
         got = client.completions.create(model=MODEL, prompt="w40 w41", max_tokens=n, temperature=0)
