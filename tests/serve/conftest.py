@@ -100,7 +100,7 @@ def served(tiny_served):
 def client(served):
     import openai
 
-    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")

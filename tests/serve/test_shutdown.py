@@ -52,7 +52,7 @@ def stream_text(url: str, prompt: str, firsts: list) -> tuple[str, str | None]:
     """A streamed completion's text and finish reason; the time of its first chunk."""
     import openai
 
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
     parts, reason = [], None
     stream = client.completions.create(
         model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
