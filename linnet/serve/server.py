@@ -36,8 +36,8 @@ class _Uvicorn(uvicorn.Server):
         self.on_exit()
         super().handle_exit(sig, frame)
         captured = getattr(self, "_captured_signals", None)
-        if sig == signal.SIGTERM and captured and captured[-1] == sig:
-            captured.pop()  # drained: exit with 0 rather than re-raise SIGTERM at the end
+        if sig in (signal.SIGTERM, signal.SIGINT) and captured and captured[-1] == sig:
+            captured.pop()  # drained: exit with 0 rather than re-raise the signal at the end
 
 
 class Server:
@@ -77,7 +77,8 @@ class Server:
             self.uvicorn.run(sockets=[self.socket])
         finally:
             self.state.drain()
-            self.state.close()
+            if not self.uvicorn.force_exit:  # a second Ctrl-C: leave without waiting
+                self.state.close()
             self.socket.close()
         if self.state.phase == "failed":
             raise RuntimeError(f"{self.state.name} failed to load: {self.state.error}")

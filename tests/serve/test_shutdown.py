@@ -15,8 +15,9 @@ import httpx
 
 from tests.serve.conftest import greedy_answer, metric, wait_metric, wait_ready
 
-PROMPTS = ["w60 w61", "w62", "w63 w64 w65"]
-MAX_TOKENS = 30
+# (prompt, max_tokens): the first holds the one row for 100 tokens (no EOS before), long
+# enough for the others to queue behind it
+PROMPTS = [("w62", 100), ("w66", 10), ("w67 w68", 10)]
 
 
 def start_serve(folder) -> tuple[subprocess.Popen, str]:
@@ -48,14 +49,11 @@ def start_serve(folder) -> tuple[subprocess.Popen, str]:
     return proc, found.group(1)
 
 
-def stream_text(url: str, prompt: str, firsts: list) -> tuple[str, str | None]:
+def stream_text(client, prompt: str, max_tokens: int, firsts: list) -> tuple[str, str | None]:
     """A streamed completion's text and finish reason; the time of its first chunk."""
-    import openai
-
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
     parts, reason = [], None
     stream = client.completions.create(
-        model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
     )
     for chunk in stream:
         if not parts:
@@ -66,21 +64,27 @@ def stream_text(url: str, prompt: str, firsts: list) -> tuple[str, str | None]:
 
 
 def test_sigterm_drains_then_exits(tiny_served, tokenizer):
+    import openai
+
     want = [
-        greedy_answer(tiny_served, tokenizer, tokenizer(prompt)["input_ids"], MAX_TOKENS)
-        for prompt in PROMPTS
+        greedy_answer(tiny_served, tokenizer, tokenizer(prompt)["input_ids"], n)
+        for prompt, n in PROMPTS
     ]
+    assert want[0][1] == 100  # the first holds its row for all its tokens
     want = [(text, reason) for text, _, reason in want]
     proc, url = start_serve(tiny_served)
     try:
         wait_ready(url)
         results, firsts = [None] * len(PROMPTS), []
+        client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=60)
 
         def run(i):
-            results[i] = stream_text(url, PROMPTS[i], firsts)
+            results[i] = stream_text(client, *PROMPTS[i], firsts)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
+        threads[0].start()
+        wait_metric(url, "linnet_rows_in_use", 1)
+        for t in threads[1:]:
             t.start()
         wait_metric(url, "linnet_queue_depth", len(PROMPTS) - 1)  # one decodes, two wait
         proc.send_signal(signal.SIGTERM)
@@ -123,3 +127,40 @@ def test_metrics_before_anything_loads_read_zero(tiny_served):
     finally:
         gate.set()
         server.stop()
+
+
+def test_drain_refuses_new_requests_and_finishes_admitted_ones(tiny_served):
+    """What SIGTERM does, called directly: with one request decoding (its steps held) and one
+    queued, `drain` makes new requests 503 and /health `draining`; released, both admitted
+    requests are answered in full."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from linnet.serve.engine import open_engine
+    from linnet.serve.server import Server
+    from tests.serve.conftest import Gate
+
+    gate = {}
+
+    def load():
+        engine = open_engine(str(tiny_served), rows=1, name="tiny", mode="interpret")
+        engine.rows = gate["rows"] = Gate(engine.rows)
+        return engine
+
+    with Server(load, name="tiny", port=0) as server:
+        wait_ready(server.url)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
+        ask = dict(model="tiny", max_tokens=5, temperature=0)
+        with ThreadPoolExecutor(2) as pool, gate["rows"].held():
+            first = pool.submit(client.completions.create, prompt="w70", **ask)
+            wait_metric(server.url, "linnet_rows_in_use", 1)
+            queued = pool.submit(client.completions.create, prompt="w71", **ask)
+            wait_metric(server.url, "linnet_queue_depth", 1)
+            server.state.drain()
+            refused = httpx.post(server.url + "/v1/completions", json={**ask, "prompt": "w72"})
+            health = httpx.get(server.url + "/health")
+        answers = [first.result(), queued.result()]
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    assert health.status_code == 503 and health.json() == {"status": "draining"}
+    assert all(a.choices[0].finish_reason and a.usage.completion_tokens for a in answers)
