@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from linnet.errors import LinnetError
 from linnet.serve.app import build_app
 from linnet.serve.engine import Engine
 from linnet.serve.scheduler import PREFILL_CHUNK
@@ -87,7 +88,8 @@ class Server:
         try:
             self.state.start(self.loader())
         except Exception as err:  # noqa: BLE001 - reported by /health and at exit
-            log.exception("loading failed")
+            if not isinstance(err, LinnetError):  # a user's mistake is one line, at exit
+                log.exception("loading failed")
             self.state.fail(str(err) or repr(err))
             self.uvicorn.should_exit = True
 

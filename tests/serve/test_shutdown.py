@@ -164,3 +164,13 @@ def test_drain_refuses_new_requests_and_finishes_admitted_ones(tiny_served):
     assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
     assert health.status_code == 503 and health.json() == {"status": "draining"}
     assert all(a.choices[0].finish_reason and a.usage.completion_tokens for a in answers)
+
+
+def test_a_checkpoint_that_does_not_load_exits_1_with_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "linnet", "serve", str(tmp_path / "missing"), "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"error: {tmp_path / 'missing'} failed to load" in done.stderr
