@@ -78,8 +78,11 @@ def open_engine(
     found = locate(target, checkpoint=checkpoint, revision=revision)
     open_checkpoint(found.checkpoint)  # Linnet's checks before transformers reads anything
     tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
+    # native rows keep one cache slot back (idle rows write there): a row of `positions`
+    # tokens needs a cache of positions + 1
+    cache = None if positions is None else positions + 1
     model, _ = load_model(
-        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=positions
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache
     )
     return Engine(
         rows=row_decoder(model, rows, positions),
