@@ -1,0 +1,128 @@
+"""Weight-only quantized linears (q8_0, q4_0, q4_K; docs/torch.md "Quantized weights").
+
+- the packed layout dequantizes to exactly what the gguf package reads from the same
+  ggml block bytes (the formats' outside reference);
+- `F.linear` on a PackedWeight (the kernel, one block of rows at a time) equals the
+  reference decomposition, dequantize-then-matmul, to f32 summation order;
+- a GGUF export imported packed runs the model the dequantized import runs, in every
+  mode, and an HF folder quantized on load runs the weights its GGUF export holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+
+import linnet.backends.torch.quantized as quantized
+import linnet.gguf
+import linnet.torch as lt
+from linnet.backends.torch.quantized import PackedWeight
+from linnet.quantize import ggml_bytes, to_packed_weight
+from linnet.weights.gguf_packed import packed_from_ggml
+
+KINDS = ("q8_0", "q4_0", "q4_k")
+GGML = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
+IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
+
+
+def _packed(kind: str, rows=96, cols=512, seed=0) -> tuple[PackedWeight, np.ndarray]:
+    """A random weight quantized as `kind`, and the ggml bytes it came from."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 1, (rows, 1))).astype(np.float32)
+    raw = ggml_bytes(x, kind)
+    return to_packed_weight(packed_from_ggml(raw, kind, x.shape), torch.float32), raw
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_layout_dequantizes_as_gguf_does(kind):
+    w, raw = _packed(kind)
+    want = quants.dequantize(raw, GGMLQuantizationType[GGML[kind]]).reshape(w.shape)
+    got = w.dequantize().numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def _bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """f32 summation-order error bound for x @ dense^T: a few ulps of sum |x| |w|."""
+    return 64 * torch.finfo(torch.float32).eps * (x.float().abs() @ dense.abs().t())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(1, 512), (2, 7, 512)], ids=["decode", "batch"])
+@pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
+def test_packed_linear_matches_dequantize_then_matmul(kind, shape, chunk, monkeypatch):
+    monkeypatch.setattr(quantized, "_CHUNK", chunk)  # 3 rows: blocks of rows, a ragged end
+    w, _ = _packed(kind, rows=97)
+    dense = w.dequantize()
+    x, b = torch.randn(shape), torch.randn(97)
+    for bias in (None, b):
+        got = F.linear(x, w, bias)
+        want = F.linear(x, dense, bias)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        delta = (got - want).abs()
+        assert not (delta > _bound(x, dense).reshape(delta.shape)).any(), delta.max()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_activations_round_once(kind):
+    """bf16 x: the f32 result of the reference, rounded once to bf16."""
+    w, _ = _packed(kind)
+    x = torch.randn(3, 512).bfloat16()
+    got = F.linear(x, w.to(torch.bfloat16))
+    want = F.linear(x.float(), w.dequantize())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-5)
+
+
+def test_interpreter_shapes_of_a_weight():
+    """What a weight meets in the interpreter and the runners stays packed or dequantizes
+    correctly: a transpose then matmul, row slices and `cat` (fuse_linears), row gathers
+    (embeddings), and any other op on the dequantized values."""
+    w, _ = _packed("q4_0", rows=8, cols=64)
+    dense, x, rows = w.dequantize(), torch.randn(2, 64), torch.tensor([[4, 1]])
+    torch.testing.assert_close(torch.matmul(x, w.permute(1, 0)), x @ dense.t())
+    stacked = torch.cat([w[:3], w[3:]])
+    assert isinstance(stacked, PackedWeight) and isinstance(w[2:5], PackedWeight)
+    torch.testing.assert_close(stacked.dequantize(), dense, rtol=0, atol=0)
+    torch.testing.assert_close(w[rows], dense[rows], rtol=0, atol=0)
+    torch.testing.assert_close(w * 2 + 1, dense * 2 + 1, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_ggufs(tiny_checkpoint, tmp_path_factory):
+    src = tiny_checkpoint("llama", "base")
+    root = tmp_path_factory.mktemp("quantized")
+    made = {k: linnet.gguf.export(src, root / f"t.{k}.gguf", dtype=k, progress=False)
+            for k in ("q8_0", "q4_0")}  # fmt: skip
+    return src, made
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    delta = (got - want).abs().max().item()
+    assert delta <= 1e-5 * want.abs().max().item(), delta
+
+
+def _all_matrices_packed(model) -> None:
+    matrices = [n for n, p in model.params.items() if p.dim() == 2]
+    assert matrices and all(isinstance(model.params[n], PackedWeight) for n in matrices)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("mode", ["interpret", "generated"])
+def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, mode):
+    _, ggufs = tiny_llama_ggufs
+    want_model = lt.load(ggufs[kind])  # dequantized to f32 on load
+    model = lt.load(ggufs[kind], dtype=kind, mode=mode)
+    _all_matrices_packed(model)
+    _close(model.forward(IDS), want_model.forward(IDS))
+    assert model.generate(IDS, 6).tolist() == want_model.generate(IDS, 6).tolist()
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_hf_folder_quantized_on_load_runs_its_gguf_export(tiny_llama_ggufs, kind):
+    src, ggufs = tiny_llama_ggufs
+    model = lt.load(src, dtype=kind.upper(), mode="generated")
+    _all_matrices_packed(model)
+    _close(model.forward(IDS), lt.load(ggufs[kind]).forward(IDS))
