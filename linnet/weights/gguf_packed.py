@@ -2,8 +2,9 @@
 numpy, from the formats' definitions) into a layout a weight-only quantized linear reads.
 
     p = packed_from_ggml(raw_bytes, "q4_k", (rows, cols))
-    p.codes     # q8_0: int8 (rows, cols); 4-bit: uint8 (rows, cols // 2), element 2i in
-                # the low nibble of byte i and 2i + 1 in the high one
+    p.codes     # q8_0: int8 (rows, cols); 4-bit: uint8 (rows, cols // 2), element i in
+                # the low nibble of byte i and element cols // 2 + i in its high nibble
+                # (unpacking writes two contiguous halves of a row)
     p.scale     # f32 (rows, cols // 32): one per 32 elements
     p.offset    # 4-bit only, f32 (rows, cols // 32): value = scale * code + offset
     p.dequantize()  # f32 (rows, cols): what ggml's dequantization gives, bit for bit
@@ -50,8 +51,7 @@ class PackedArrays:
         """The codes as f32, one per element."""
         if self.kind == "q8_0":
             return self.codes.astype(np.float32)
-        lo, hi = self.codes & 0x0F, self.codes >> 4
-        return np.stack([lo, hi], -1).reshape(self.shape).astype(np.float32)
+        return np.concatenate([self.codes & 0x0F, self.codes >> 4], -1).astype(np.float32)
 
     def dequantize(self) -> np.ndarray:
         rows, cols = self.shape
@@ -73,17 +73,18 @@ def _q8_0(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
     return PackedArrays("q8_0", (rows, cols), codes, scale)
 
 
-def _interleave(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Codes of elements in order (first block-half, then second) as Linnet's bytes:
-    element 2i low nibble, 2i + 1 high nibble."""
-    q = np.concatenate([first, second], -1)  # (..., n) codes 0..15 in element order
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+def _row_halves(first: np.ndarray, second: np.ndarray, rows: int) -> np.ndarray:
+    """Codes of each block in order (its first half, then its second) as Linnet's bytes:
+    a row's first half in the low nibbles, its second half in the high ones."""
+    q = np.concatenate([first, second], -1).reshape(rows, -1)  # codes 0..15 in order
+    half = q.shape[1] // 2
+    return (q[:, :half] | (q[:, half:] << 4)).astype(np.uint8)
 
 
 def _q4_0(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
     d = _f16(blocks[:, 0:2])
     qs = blocks[:, 2:]  # element j low nibble of byte j, element j + 16 its high nibble
-    codes = _interleave(qs & 0x0F, qs >> 4).reshape(rows, cols // 2)
+    codes = _row_halves(qs & 0x0F, qs >> 4, rows)
     scale = d.reshape(rows, cols // 32)
     return PackedArrays("q4_0", (rows, cols), codes, scale, (-8 * scale).astype(np.float32))
 
@@ -103,7 +104,7 @@ def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
     scale = (d[:, None] * sc.astype(np.float32)).astype(np.float32)
     offset = -(dmin[:, None] * m.astype(np.float32)).astype(np.float32)
     qs = blocks[:, 16:].reshape(-1, 4, 32)  # 4 chunks of 64: low nibbles then high ones
-    codes = _interleave(qs & 0x0F, qs >> 4).reshape(rows, cols // 2)
+    codes = _row_halves(qs & 0x0F, qs >> 4, rows)
     return PackedArrays(
         "q4_k", (rows, cols), codes, scale.reshape(rows, -1), offset.reshape(rows, -1)
     )

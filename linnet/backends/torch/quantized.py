@@ -5,17 +5,20 @@
     w.dequantize()          # the reference: every element scale * code + offset, in f32
 
 A `PackedWeight` is a tensor subclass with the logical shape (rows, cols) and the model's
-dtype, holding int8 codes (q8_0) or two 4-bit codes per byte (element 2i in the low
-nibble), and one f32 scale (and offset) per 32 elements. It goes wherever a param goes
+dtype, holding int8 codes (q8_0) or two 4-bit codes per byte (the low nibbles a row's
+first half, the high ones its second), and one f32 scale (and offset) per 32 elements.
+It goes wherever a param goes
 (the interpreter's folded transpose, `load_state_dict`, `fuse_linears`' stacking), and
 `__torch_function__` answers what a weight meets: `F.linear` and `matmul` against its
 transpose run `packed_linear`; row slices, `cat` and a transpose stay packed; row
 gathers (an embedding) dequantize the rows taken; anything else sees the dequantized
 tensor (correct, not fast).
 
-The kernel dequantizes a block of output rows at a time into a reused f32 buffer (cache
-sized) and multiplies it by x in f32, so each weight is widened once per call and the
-sums are the reference's f32 sums; the result is cast to x's dtype.
+The kernel dequantizes a block of output rows at a time (scale * code) into a reused f32
+buffer and multiplies it by x in f32, so each weight is widened once per call and never
+the whole matrix at once; the 4-bit offsets are applied to x's group sums instead of to
+every weight (one small matmul). Sums are f32 (the reference's up to summation order);
+the result is cast to x's dtype.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 GROUP = 32  # elements per scale
-_CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32
-_buffers: dict = {}  # (device, elements) -> reused f32 scratch
+_CHUNK = 1 << 20  # weight elements dequantized at a time: 4 MB of f32
+_buffers: dict = {}  # (device, dtype, elements) -> reused scratch
 
 
 class PackedWeight(torch.Tensor):
@@ -65,21 +68,23 @@ class PackedWeight(torch.Tensor):
         parts = (self.codes, self.scale, self.offset)
         return sum(p.numel() * p.element_size() for p in parts if p is not None)
 
-    def dequantize_rows(self, lo: int = 0, hi: int | None = None, out=None) -> torch.Tensor:
-        """Rows lo:hi in f32 (into `out` when given)."""
+    def dequantize_rows(self, lo=0, hi=None, out=None, offset=True) -> torch.Tensor:
+        """Rows lo:hi in f32 (into `out` when given); offset=False leaves out the
+        4-bit types' offsets (scale * code only)."""
         hi = self.rows if hi is None else hi
         n = hi - lo
-        out = torch.empty(n, self.cols) if out is None else out
-        grouped = out.view(n, self.cols // GROUP, GROUP)
+        out = torch.empty(n, self.cols, device=self.codes.device) if out is None else out
         codes = self.codes[lo:hi]
         if self.kind == "q8_0":
             out.copy_(codes)
-        else:
-            pairs = out.view(n, self.cols // 2, 2)
-            pairs[..., 0].copy_(codes & 0x0F)
-            pairs[..., 1].copy_(codes >> 4)
+        else:  # the low nibbles are each row's first half, the high ones its second
+            tmp = _scratch(codes.numel(), codes.device, torch.uint8)[: codes.numel()]
+            tmp = tmp.view(codes.shape)
+            out[:, : self.cols // 2].copy_(torch.bitwise_and(codes, 0x0F, out=tmp))
+            out[:, self.cols // 2 :].copy_(torch.bitwise_right_shift(codes, 4, out=tmp))
+        grouped = out.view(n, self.cols // GROUP, GROUP)
         grouped.mul_(self.scale[lo:hi, :, None])
-        if self.offset is not None:
+        if offset and self.offset is not None:
             grouped.add_(self.offset[lo:hi, :, None])
         return out
 
@@ -105,27 +110,42 @@ class PackedWeight(torch.Tensor):
         return func(*_plain(args), **_plain(kwargs or {}))
 
 
-def _scratch(elements: int, device) -> torch.Tensor:
-    key = (str(device), elements)
+def _scratch(elements: int, device, dtype=torch.float32) -> torch.Tensor:
+    """A reused buffer: fresh allocations of this size page-fault on every call."""
+    key = (str(device), dtype, elements)
     buf = _buffers.get(key)
     if buf is None:
-        buf = _buffers[key] = torch.empty(elements, device=device)
+        buf = _buffers[key] = torch.empty(elements, device=device, dtype=dtype)
     return buf
+
+
+def _offset_terms(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """(rows of w, rows of x): sum over groups of offset * (sum of x over the group), the
+    4-bit types' offsets applied once to x instead of to every weight element."""
+    sums = x2.reshape(len(x2), w.cols // GROUP, GROUP).sum(-1)
+    return torch.mm(w.offset, sums.t())
 
 
 def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
     """x @ dequantize(w)^T + b, with f32 sums, in x's dtype; `w` is dequantized a block
-    of rows at a time into one reused buffer."""
+    of rows at a time (scale * code) into one reused buffer."""
     with torch._C.DisableTorchFunctionSubclass():
         rows_x = x.numel() // x.shape[-1]
         x2 = x.reshape(rows_x, x.shape[-1]).float()
         step = max(1, min(w.rows, _CHUNK // w.cols))
         buf = _scratch(step * w.cols, x.device)
-        out_t = torch.empty(w.rows, rows_x, device=x.device)  # rows of the result contiguous
+        if w.offset is None:  # rows of the result contiguous, one block at a time
+            out_t = torch.empty(w.rows, rows_x, device=x.device)
+        else:
+            out_t = _offset_terms(x2, w)
         for lo in range(0, w.rows, step):
             hi = min(lo + step, w.rows)
-            chunk = w.dequantize_rows(lo, hi, out=buf[: (hi - lo) * w.cols].view(hi - lo, w.cols))
-            torch.mm(chunk, x2.t(), out=out_t[lo:hi])
+            rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
+            chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
+            if w.offset is None:
+                torch.mm(chunk, x2.t(), out=out_t[lo:hi])
+            else:
+                out_t[lo:hi].addmm_(chunk, x2.t())
         y = out_t.t()
         if b is not None:
             y = y + b.float()
