@@ -25,6 +25,7 @@ from linnet.weights.gguf_packed import packed_from_ggml
 
 KINDS = ("q8_0", "q4_0", "q4_k")
 GGML = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
+CASES = [(k, 512) for k in KINDS] + [("q8_0", 96), ("q4_0", 96)]  # 96: an odd 3 groups
 IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
 
 
@@ -36,12 +37,17 @@ def _packed(kind: str, rows=96, cols=512, seed=0) -> tuple[PackedWeight, np.ndar
     return to_packed_weight(packed_from_ggml(raw, kind, x.shape), torch.float32), raw
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_packed_layout_dequantizes_as_gguf_does(kind):
-    w, raw = _packed(kind)
-    want = quants.dequantize(raw, GGMLQuantizationType[GGML[kind]]).reshape(w.shape)
-    got = w.dequantize().numpy()
-    np.testing.assert_array_equal(got, want)
+def _gguf_dequantized(raw: np.ndarray, kind: str, shape) -> torch.Tensor:
+    x = quants.dequantize(raw, GGMLQuantizationType[GGML[kind]]).reshape(tuple(shape))
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+
+@pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
+def test_packed_layout_dequantizes_as_gguf_does(kind, cols):
+    w, raw = _packed(kind, cols=cols)
+    torch.testing.assert_close(
+        w.dequantize(), _gguf_dequantized(raw, kind, w.shape), rtol=0, atol=0
+    )
 
 
 def _bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -49,13 +55,14 @@ def _bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return 64 * torch.finfo(torch.float32).eps * (x.float().abs() @ dense.abs().t())
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("shape", [(1, 512), (2, 7, 512)], ids=["decode", "batch"])
+@pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
+@pytest.mark.parametrize("batch", [(1,), (2, 7)], ids=["decode", "batch"])
 @pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
-def test_packed_linear_matches_dequantize_then_matmul(kind, shape, chunk, monkeypatch):
+def test_packed_linear_matches_dequantize_then_matmul(kind, cols, batch, chunk, monkeypatch):
     monkeypatch.setattr(quantized, "_CHUNK", chunk)  # 3 rows: blocks of rows, a ragged end
-    w, _ = _packed(kind, rows=97)
-    dense = w.dequantize()
+    w, raw = _packed(kind, rows=97, cols=cols)
+    shape = (*batch, cols)
+    dense = _gguf_dequantized(raw, kind, w.shape)  # the reference outside Linnet's code
     x, b = torch.randn(shape), torch.randn(97)
     for bias in (None, b):
         got = F.linear(x, w, bias)

@@ -70,22 +70,27 @@ class PackedWeight(torch.Tensor):
 
     def dequantize_rows(self, lo=0, hi=None, out=None, offset=True) -> torch.Tensor:
         """Rows lo:hi in f32 (into `out` when given); offset=False leaves out the
-        4-bit types' offsets (scale * code only)."""
+        4-bit types' offsets (scale * code only). Codes widen and scale in one pass."""
         hi = self.rows if hi is None else hi
-        n = hi - lo
+        n, groups = hi - lo, self.cols // GROUP
         out = torch.empty(n, self.cols, device=self.codes.device) if out is None else out
-        codes = self.codes[lo:hi]
+        codes, scale = self.codes[lo:hi], self.scale[lo:hi, :, None]
         if self.kind == "q8_0":
-            out.copy_(codes)
-        else:  # the low nibbles are each row's first half, the high ones its second
+            torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
+        elif groups % 2 == 0:  # each row's low nibbles are its first half of groups
             tmp = _scratch(codes.numel(), codes.device, torch.uint8)[: codes.numel()]
-            tmp = tmp.view(codes.shape)
-            out[:, : self.cols // 2].copy_(torch.bitwise_and(codes, 0x0F, out=tmp))
-            out[:, self.cols // 2 :].copy_(torch.bitwise_right_shift(codes, 4, out=tmp))
-        grouped = out.view(n, self.cols // GROUP, GROUP)
-        grouped.mul_(self.scale[lo:hi, :, None])
+            tmp, half = tmp.view(n, groups // 2, GROUP), groups // 2
+            halves = out.view(n, 2, half, GROUP)
+            torch.bitwise_and(codes.view(n, half, GROUP), 0x0F, out=tmp)
+            torch.mul(tmp, scale[:, :half], out=halves[:, 0])
+            torch.bitwise_right_shift(codes.view(n, half, GROUP), 4, out=tmp)
+            torch.mul(tmp, scale[:, half:], out=halves[:, 1])
+        else:  # a group straddles the two halves: widen first, then scale
+            out[:, : self.cols // 2].copy_(codes & 0x0F)
+            out[:, self.cols // 2 :].copy_(codes >> 4)
+            out.view(n, groups, GROUP).mul_(scale)
         if offset and self.offset is not None:
-            grouped.add_(self.offset[lo:hi, :, None])
+            out.view(n, groups, GROUP).add_(self.offset[lo:hi, :, None])
         return out
 
     def dequantize(self) -> torch.Tensor:
