@@ -199,8 +199,8 @@ def _getitem(w, index):
         return w._with(w.codes[index], w.scale[index], off)
     if isinstance(index, torch.Tensor) and not index.dtype.is_floating_point:
         flat = index.reshape(-1)  # an embedding: dequantize the rows taken
-        rows = [w.dequantize_rows(int(i), int(i) + 1) for i in flat.tolist()]
-        dense = torch.cat(rows) if rows else torch.empty(0, w.cols)
+        off = None if w.offset is None else w.offset[flat]
+        dense = w._with(w.codes[flat], w.scale[flat], off).dequantize_rows()
         return dense.to(w.dtype).reshape(*index.shape, w.cols)
     return NotImplemented
 
