@@ -99,11 +99,17 @@ def test_interpreter_shapes_of_a_weight():
 
 @pytest.fixture(scope="module")
 def tiny_llama_ggufs(tiny_checkpoint, tmp_path_factory):
-    src = tiny_checkpoint("llama", "base")
-    root = tmp_path_factory.mktemp("quantized")
-    made = {k: linnet.gguf.export(src, root / f"t.{k}.gguf", dtype=k, progress=False)
-            for k in ("q8_0", "q4_0")}  # fmt: skip
-    return src, made
+    """(folder, GGUF export) of a tiny Llama variant in a packed type, made once."""
+    root, made = tmp_path_factory.mktemp("quantized"), {}
+
+    def get(variant: str, kind: str):
+        src = tiny_checkpoint("llama", variant)
+        if (variant, kind) not in made:
+            path = root / f"{variant}.{kind}.gguf"
+            made[variant, kind] = linnet.gguf.export(src, path, dtype=kind, progress=False)
+        return src, made[variant, kind]
+
+    return get
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -116,12 +122,14 @@ def _all_matrices_packed(model) -> None:
     assert matrices and all(isinstance(model.params[n], PackedWeight) for n in matrices)
 
 
+# tied: SmolLM2-like, the packed embedding is also the head; hidden 96 is 3 groups (odd)
+@pytest.mark.parametrize("variant", ["base", "tied"])
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("mode", ["interpret", "generated"])
-def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, mode):
-    _, ggufs = tiny_llama_ggufs
-    want_model = lt.load(ggufs[kind])  # dequantized to f32 on load
-    model = lt.load(ggufs[kind], dtype=kind, mode=mode)
+def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, mode, variant):
+    _, gguf = tiny_llama_ggufs(variant, kind)
+    want_model = lt.load(gguf)  # dequantized to f32 on load
+    model = lt.load(gguf, dtype=kind, mode=mode)
     _all_matrices_packed(model)
     _close(model.forward(IDS), want_model.forward(IDS))
     assert model.generate(IDS, 6).tolist() == want_model.generate(IDS, 6).tolist()
@@ -129,7 +137,7 @@ def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
 def test_hf_folder_quantized_on_load_runs_its_gguf_export(tiny_llama_ggufs, kind):
-    src, ggufs = tiny_llama_ggufs
+    src, gguf = tiny_llama_ggufs("base", kind)
     model = lt.load(src, dtype=kind.upper(), mode="generated")
     _all_matrices_packed(model)
-    _close(model.forward(IDS), lt.load(ggufs[kind]).forward(IDS))
+    _close(model.forward(IDS), lt.load(gguf).forward(IDS))
