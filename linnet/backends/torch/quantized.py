@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 GROUP = 32  # elements per scale
-_CHUNK = 1 << 20  # weight elements dequantized at a time: 4 MB of f32
+_CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32, L2-sized
 _buffers: dict = {}  # (device, dtype, elements) -> reused scratch
 
 
