@@ -26,3 +26,20 @@ def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts)
         print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
               f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
         assert int(got.argmax()) == int(want.argmax())
+
+
+def test_q4_k_gguf_imported_packed_equals_dequantized_import(smollm2_checkpoint, tmp_path):
+    """SmolLM2's q4_k export (Q4_K where rows are whole 256-blocks: the 30 `down`
+    matrices; Q5_0 elsewhere) imported with its Q4_K kept packed runs the dequantized
+    import's model."""
+    import linnet.gguf
+
+    gguf = linnet.gguf.export(smollm2_checkpoint, tmp_path / "q4_k.gguf", dtype="q4_k")
+    want_model = lt.load(gguf, mode="generated")
+    model = lt.load(gguf, dtype="q4_k", mode="generated")
+    packed = [p.kind for p in model.params.values() if isinstance(p, PackedWeight)]
+    assert packed == ["q4_k"] * 30
+    ids = torch.tensor([[1, 4093, 28, 2683, 314, 253, 1345, 30, 2]])
+    want, got = want_model.forward(ids), model.forward(ids)
+    delta = (got - want).abs().max().item()
+    assert delta <= 1e-5 * want.abs().max().item(), delta
