@@ -4,6 +4,8 @@
     python bench/run.py                          # SmolLM2-135M-Instruct, f32 and bf16
     python bench/run.py --model tinyllama        # a random TinyLlama-1.1B-shaped checkpoint
     python bench/run.py --quick                  # fewer repeats, shorter decode
+    python bench/run.py --dtypes q8_0,q4_k --methods linnet/generated/fast,llama.cpp
+                                                 # packed weights: both read one GGUF file
 
 For every method (each in its own process) and dtype: forward latency at B=1,
 S=128 and S=512, and decode throughput (128-token prompt, 128 new greedy tokens,
@@ -47,6 +49,11 @@ METHODS = [
 ]
 BASELINES = ["transformers/eager", "transformers/compile", "llama.cpp"]
 PACKAGES = ("torch", "transformers", "llama_cpp", "linnet", "jax")
+# Weight-only quantized dtypes: Linnet's PyTorch rows load the GGUF export llama.cpp reads
+# (its q8_0 / q4_0 / q4_K tensors kept packed); transformers and JAX have no such rows.
+PACKED = ("q8_0", "q4_0", "q4_k")
+BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
+BYTES_PER_WEIGHT["q4_k"] = 144 / 256  # nominal: rows not whole 256-blocks fall back
 
 
 # -- workers: one method, one dtype, one process ------------------------------------------
@@ -71,6 +78,8 @@ def worker_linnet(ckpt: str, dtype: str, mode: str, numerics: str, args) -> dict
     import linnet.torch as lt
 
     t0 = time.perf_counter()
+    if dtype in PACKED:  # the very file llama.cpp runs
+        ckpt = str(Path(args.gguf_dir) / f"model-{dtype}.gguf")
     model = lt.load(ckpt, dtype=dtype, mode=mode, numerics=numerics, max_positions=1024)
     vocab = model.config["vocab"]
     out = {"load_s": time.perf_counter() - t0}
@@ -251,15 +260,15 @@ def bandwidth_gb_s() -> float:
 def model_bytes(ckpt: str, dtype: str) -> int:
     from linnet.weights.planning import plan_checkpoint
 
-    _, source, config, _ = plan_checkpoint(ckpt, dtype=dtype)
-    per = {"f32": 4, "bf16": 2, "f16": 2}[dtype]
+    _, source, config, _ = plan_checkpoint(ckpt, dtype="f32" if dtype in PACKED else dtype)
+    per = BYTES_PER_WEIGHT[dtype]
     total = 0
     for t in source.params(config).shapes.values():
         n = 1
         for d in t.shape:
             n *= d.value
         total += n * per
-    return total
+    return int(total)
 
 
 def checkpoint_for(name: str) -> str:
@@ -386,6 +395,9 @@ def main(argv=None) -> int:
         roofline = gbs * 1e9 / report["model_bytes"][dtype]
         for method in methods:
             print(f"{args.model} {dtype} {method} ...", flush=True)
+            if dtype in PACKED and not method.startswith(("linnet/", "llama.cpp")):
+                rows[method] = {"skipped": f"{method} runs no packed {dtype} weights"}
+                continue
             rows[method] = measure(method, ckpt, dtype, gguf_dir, args)
             if "decode_tok_s" in rows[method]:
                 rows[method]["roofline_fraction"] = rows[method]["decode_tok_s"] / roofline

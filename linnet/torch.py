@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 from linnet.backends.torch.interp import TORCH_DTYPES
+from linnet.quantize import packed_dtype, quantize_params, to_packed_weight
 from linnet.runtime import TorchModel
 from linnet.source import Source
-from linnet.weights.checkpoint import open_checkpoint
+from linnet.weights.checkpoint import is_gguf, open_checkpoint
 
 
 def load(
@@ -29,16 +30,24 @@ def load(
     """A local HF checkpoint folder (config.json + safetensors), or a `.gguf` file, as a
     Linnet model.
 
-    dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype.
+    dtype: "f32", "bf16", "f16" (or torch dtypes); default: the checkpoint's dtype. Or a
+        packed type, "q8_0", "q4_0", "q4_k" (f32 activations): a GGUF file's matrices of
+        those types stay packed as stored, an HF folder's 2-D weights are quantized on
+        load; linears then run weight-only quantized (docs/torch.md).
     max_positions: KV-cache length; default the config's context, capped at 4096.
     mode: "interpret" (Core IR per call), "generated" (straight-line source),
         "compile" (generated under torch.compile) or "cudagraphs" (CUDA only).
     numerics: "equivalent" (the reference's f32 norms and softmax) or "fast"
         (fused kernels; generated and compiled modes).
     """
-    ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions)  # folder or .gguf
+    quant = packed_dtype(dtype)
+    if quant is not None:
+        dtype = "f32"
+    ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions, packed=bool(quant))
     source, config, hf_config = ck.source, ck.config, ck.hf_config
-    params = ck.torch_params(device)
+    params = ck.torch_params(device, packed=to_packed_weight)
+    if quant is not None and not is_gguf(path):
+        params = quantize_params(params, quant)
     model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
     )

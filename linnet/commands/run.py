@@ -106,7 +106,11 @@ def _generation_eos(path: Path):
 @click.option("--prompt", required=True, help="the user message (or plain text with --no-chat)")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--chat/--no-chat", default=None, help="apply the chat template (default: if any)")
-@click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
+@click.option(
+    "--dtype", default=None,
+    help="f32, bf16 or f16 (default: the checkpoint's); PyTorch also q8_0, q4_0, q4_k "
+    "(weights kept packed, weight-only quantized linears)",
+)  # fmt: skip
 @BACKEND_OPTION
 @MODE_OPTION
 @_CHECKPOINT

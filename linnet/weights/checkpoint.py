@@ -46,16 +46,24 @@ class OpenCheckpoint:
             out[name] = np.ascontiguousarray(x, dtype=target)
         return out
 
-    def torch_params(self, device="cpu") -> dict[str, Any]:
-        """Every param as a torch tensor of the config's dtype on `device`."""
+    def torch_params(self, device="cpu", packed: Callable | None = None) -> dict[str, Any]:
+        """Every param as a torch tensor of the config's dtype on `device`; a GGUF file
+        opened `packed=True` gives its packed matrices to `packed(arrays, dtype, device)`."""
         import torch
+
+        from linnet.weights.gguf_packed import PackedArrays
 
         torch_dtype = getattr(torch, DTYPES[self.config["act"]].torch)
         if self.torch_stream is not None:
             return {n: t.to(device) for n, t in self.torch_stream(torch_dtype)}
         from linnet.weights.casting import to_torch
 
-        return {n: to_torch(x, torch_dtype).to(device) for n, x in self.stream()}
+        def convert(x):
+            if isinstance(x, PackedArrays):
+                return packed(x, torch_dtype, device)
+            return to_torch(x, torch_dtype).to(device)
+
+        return {n: convert(x) for n, x in self.stream()}
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -63,13 +71,14 @@ def is_gguf(path: str | Path) -> bool:
 
 
 def open_checkpoint(
-    path: str | Path, *, dtype=None, max_positions: int | None = None
+    path: str | Path, *, dtype=None, max_positions: int | None = None, packed=False
 ) -> OpenCheckpoint:
     """A local HF checkpoint folder or `.gguf` file, checked before any tensor is read.
     dtype: the params' dtype (default: a folder's stored dtype; f32 for GGUF);
-    max_positions: the KV-cache length (default: the context, capped)."""
+    max_positions: the KV-cache length (default: the context, capped);
+    packed: a GGUF file's q8_0, q4_0 and q4_K matrices stream as `PackedArrays`."""
     if is_gguf(path):
-        return _open_gguf(Path(path), dtype, max_positions)
+        return _open_gguf(Path(path), dtype, max_positions, packed)
     from linnet.weights.planning import plan_checkpoint
 
     plan, source, config, hf_config = plan_checkpoint(
@@ -86,11 +95,11 @@ def open_checkpoint(
     )
 
 
-def _open_gguf(path: Path, dtype, max_positions: int | None) -> OpenCheckpoint:
+def _open_gguf(path: Path, dtype, max_positions: int | None, packed=False) -> OpenCheckpoint:
     from linnet.weights.gguf_reader import weights_from_gguf
     from linnet.weights.planning import cache_length
 
-    w = weights_from_gguf(path, act=dtype)
+    w = weights_from_gguf(path, act=dtype, packed=packed)
     overrides = w.weights_map.translate_config(w.hf_config)
     overrides["act"] = w.config["act"]
     overrides["max_positions"] = cache_length(overrides, max_positions)

@@ -20,12 +20,14 @@ import numpy as np
 
 from linnet.core.dtypes import normalize_dtype
 from linnet.weights.gguf_checkpoint import GgufCheckpoint, tensor_data, tensor_dtype
+from linnet.weights.gguf_packed import PACKED_TYPES, packed_from_ggml
 from linnet.weights.stream import Weights, full_config, ordered
 from linnet.weights.tensor_group import TensorGroup
 
 
-def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
-    """A GGUF file as a `Weights` stream (source config from its metadata)."""
+def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False) -> Weights:
+    """A GGUF file as a `Weights` stream (source config from its metadata). packed: q8_0,
+    q4_0 and q4_K matrices come as `PackedArrays` (not dequantized)."""
     from linnet.weights.planning import source_for
 
     ck = GgufCheckpoint(path)
@@ -36,7 +38,14 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
     config = full_config(source, weights_map, hf_config, act)
     groups = _groups(ck, source, config)
 
-    def read(g: TensorGroup) -> list[np.ndarray]:
+    def read(g: TensorGroup) -> list:
+        p = packed_tensor(g.key) if packed and g.rule.split_axis in (None, 0) else None
+        if p is not None:  # row transforms and row splits apply to each part alike
+            per_part = [
+                weights_map.params_from_gguf(g.rule, g.bindings, a, config, g.sizes)
+                for a in p.parts()
+            ]
+            return [p.with_parts(*parts) for parts in zip(*per_part, strict=True)]
         x = tensor_data(g.key)
         return weights_map.params_from_gguf(g.rule, g.bindings, x, config, g.sizes)
 
@@ -51,6 +60,15 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None) -> Weights:
         gguf_metadata=ck.fields,
         origin=str(ck.path),
     )
+
+
+def packed_tensor(t):
+    """A GGUF matrix of a packed type (q8_0, q4_0, q4_K) unpacked, else None."""
+    kind = t.tensor_type.name.lower()
+    if kind not in PACKED_TYPES or len(t.shape) != 2:
+        return None
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    return packed_from_ggml(np.asarray(t.data).reshape(-1), kind, shape)
 
 
 def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:

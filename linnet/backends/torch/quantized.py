@@ -1,0 +1,261 @@
+"""Weight-only quantized linears: q8_0, q4_0 and q4_K weights kept packed.
+
+    w = PackedWeight.build("q4_k", codes, scale, offset, dtype=torch.float32)
+    F.linear(x, w)          # runs `packed_linear`: never the whole f32 weight at once
+    w.dequantize()          # the reference: every element scale * code + offset, in f32
+
+A `PackedWeight` is a tensor subclass with the logical shape (rows, cols) and the model's
+dtype, holding int8 codes (q8_0) or two 4-bit codes per byte (the low nibbles a row's
+first half, the high ones its second), and one f32 scale (and offset) per 32 elements.
+It goes wherever a param goes
+(the interpreter's folded transpose, `load_state_dict`, `fuse_linears`' stacking), and
+`__torch_function__` answers what a weight meets: `F.linear` and `matmul` against its
+transpose run `packed_linear`; row slices, `cat` and a transpose stay packed; row
+gathers (an embedding) dequantize the rows taken; anything else sees the dequantized
+tensor (correct, not fast).
+
+The kernel dequantizes a block of output rows at a time (scale * code) into a reused f32
+buffer and multiplies it by x in f32, so each weight is widened once per call and never
+the whole matrix at once; the 4-bit offsets are applied to x's group sums instead of to
+every weight (one small matmul). Sums are f32 (the reference's up to summation order);
+the result is cast to x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GROUP = 32  # elements per scale
+_CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32, L2-sized
+_buffers: dict = {}  # (device, dtype, elements) -> reused scratch
+
+
+class PackedWeight(torch.Tensor):
+    """A quantized 2-D weight in its packed form; see the module docstring."""
+
+    @staticmethod
+    def __new__(cls, kind, codes, scale, offset, dtype, transposed):
+        shape = (codes.shape[0], scale.shape[1] * GROUP)
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape[::-1] if transposed else shape, dtype=dtype, device=codes.device
+        )
+
+    def __init__(self, kind, codes, scale, offset, dtype, transposed):
+        self.kind, self.codes, self.scale, self.offset = kind, codes, scale, offset
+        self.transposed = transposed  # the interpreter's folded transpose of a linear
+
+    @classmethod
+    def build(cls, kind, codes, scale, offset=None, *, dtype=torch.float32):
+        return cls(kind, codes, scale, offset, dtype, False)
+
+    def _with(self, codes, scale, offset, *, transposed=False, dtype=None):
+        return PackedWeight(self.kind, codes, scale, offset, dtype or self.dtype, transposed)
+
+    def __repr__(self):
+        return f"PackedWeight({self.kind}, rows={self.rows}, cols={self.cols}, {self.dtype})"
+
+    @property
+    def rows(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.scale.shape[1] * GROUP
+
+    @property
+    def nbytes_packed(self) -> int:
+        parts = (self.codes, self.scale, self.offset)
+        return sum(p.numel() * p.element_size() for p in parts if p is not None)
+
+    def dequantize_rows(self, lo=0, hi=None, out=None, offset=True) -> torch.Tensor:
+        """Rows lo:hi in f32 (into `out` when given); offset=False leaves out the
+        4-bit types' offsets (scale * code only). Codes widen and scale in one pass."""
+        hi = self.rows if hi is None else hi
+        n, groups = hi - lo, self.cols // GROUP
+        out = torch.empty(n, self.cols, device=self.codes.device) if out is None else out
+        codes, scale = self.codes[lo:hi], self.scale[lo:hi, :, None]
+        if self.kind == "q8_0":
+            torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
+        elif groups % 2 == 0:  # each row's low nibbles are its first half of groups
+            tmp = _scratch(codes.numel(), codes.device, torch.uint8)[: codes.numel()]
+            tmp, half = tmp.view(n, groups // 2, GROUP), groups // 2
+            halves = out.view(n, 2, half, GROUP)
+            torch.bitwise_and(codes.view(n, half, GROUP), 0x0F, out=tmp)
+            torch.mul(tmp, scale[:, :half], out=halves[:, 0])
+            torch.bitwise_right_shift(codes.view(n, half, GROUP), 4, out=tmp)
+            torch.mul(tmp, scale[:, half:], out=halves[:, 1])
+        else:  # a group straddles the two halves: widen first, then scale
+            out[:, : self.cols // 2].copy_(codes & 0x0F)
+            out[:, self.cols // 2 :].copy_(codes >> 4)
+            out.view(n, groups, GROUP).mul_(scale)
+        if offset and self.offset is not None:
+            out.view(n, groups, GROUP).add_(self.offset[lo:hi, :, None])
+        return out
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight in f32 (the reference decomposition's weight)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.dequantize_rows()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        with torch._C.DisableTorchFunctionSubclass():
+            if handler is not None:
+                found = handler(*args, **kwargs)
+                if found is not NotImplemented:
+                    return found
+            return func(*args, **kwargs)  # metadata, or __torch_dispatch__ below
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        """An op without a packed form sees the dequantized weight."""
+        return func(*_plain(args), **_plain(kwargs or {}))
+
+
+def _scratch(elements: int, device, dtype=torch.float32) -> torch.Tensor:
+    """A reused buffer: fresh allocations of this size page-fault on every call."""
+    key = (str(device), dtype, elements)
+    buf = _buffers.get(key)
+    if buf is None:
+        buf = _buffers[key] = torch.empty(elements, device=device, dtype=dtype)
+    return buf
+
+
+def _offset_terms(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """(rows of w, rows of x): sum over groups of offset * (sum of x over the group), the
+    4-bit types' offsets applied once to x instead of to every weight element."""
+    sums = x2.reshape(len(x2), w.cols // GROUP, GROUP).sum(-1)
+    return torch.mm(w.offset, sums.t())
+
+
+def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
+    """x @ dequantize(w)^T + b, with f32 sums, in x's dtype; `w` is dequantized a block
+    of rows at a time (scale * code) into one reused buffer."""
+    with torch._C.DisableTorchFunctionSubclass():
+        rows_x = x.numel() // x.shape[-1]
+        x2 = x.reshape(rows_x, x.shape[-1]).float()
+        step = max(1, min(w.rows, _CHUNK // w.cols))
+        buf = _scratch(step * w.cols, x.device)
+        if w.offset is None:  # rows of the result contiguous, one block at a time
+            out_t = torch.empty(w.rows, rows_x, device=x.device)
+        else:
+            out_t = _offset_terms(x2, w)
+        for lo in range(0, w.rows, step):
+            hi = min(lo + step, w.rows)
+            rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
+            chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
+            if w.offset is None:
+                torch.mm(chunk, x2.t(), out=out_t[lo:hi])
+            else:
+                out_t[lo:hi].addmm_(chunk, x2.t())
+        y = out_t.t()
+        if b is not None:
+            y = y + b.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], w.rows)
+
+
+def _plain(value):
+    """`value` with every PackedWeight dequantized (to its dtype), for ops without a
+    packed form."""
+    if isinstance(value, PackedWeight):
+        dense = value.dequantize_rows().to(value.dtype)
+        return dense.t() if value.transposed else dense
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _linear(x, w, b=None):
+    if not isinstance(w, PackedWeight) or w.transposed or isinstance(x, PackedWeight):
+        return NotImplemented
+    return packed_linear(x, w, b)
+
+
+def _matmul(x, w):
+    if not isinstance(w, PackedWeight) or not w.transposed or isinstance(x, PackedWeight):
+        return NotImplemented
+    return packed_linear(x, w._with(w.codes, w.scale, w.offset))
+
+
+def _transpose_2d(w, *dims):
+    dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    if w.dim() != 2 or (dims and sorted(d % 2 for d in dims) != [0, 1]):
+        return NotImplemented
+    return w._with(w.codes, w.scale, w.offset, transposed=not w.transposed)
+
+
+def _getitem(w, index):
+    if w.transposed:
+        return NotImplemented
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
+    if isinstance(index, slice) and index.step in (None, 1):
+        off = None if w.offset is None else w.offset[index]
+        return w._with(w.codes[index], w.scale[index], off)
+    if isinstance(index, torch.Tensor) and not index.dtype.is_floating_point:
+        flat = index.reshape(-1)  # an embedding: dequantize the rows taken
+        off = None if w.offset is None else w.offset[flat]
+        dense = w._with(w.codes[flat], w.scale[flat], off).dequantize_rows()
+        return dense.to(w.dtype).reshape(*index.shape, w.cols)
+    return NotImplemented
+
+
+def _cat(tensors, dim=0, **kwargs):
+    parts = list(tensors)
+    if dim != 0 or not all(isinstance(t, PackedWeight) and not t.transposed for t in parts):
+        return NotImplemented
+    if len({(t.kind, t.cols, t.dtype) for t in parts}) != 1:
+        return NotImplemented
+    offsets = None if parts[0].offset is None else torch.cat([t.offset for t in parts])
+    return parts[0]._with(
+        torch.cat([t.codes for t in parts]), torch.cat([t.scale for t in parts]), offsets
+    )
+
+
+def _to(w, *args, **kwargs):
+    device, dtype = _device_dtype(args, kwargs)
+    if dtype is not None and not dtype.is_floating_point:
+        return NotImplemented
+    move = (lambda t: t) if device is None else (lambda t: None if t is None else t.to(device))
+    return w._with(
+        move(w.codes), move(w.scale), move(w.offset), transposed=w.transposed, dtype=dtype
+    )
+
+
+def _device_dtype(args, kwargs):
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device)):
+            device = torch.device(a)
+        elif isinstance(a, torch.Tensor):
+            device, dtype = a.device, a.dtype
+    return device, dtype
+
+
+def _same(w, *args, **kwargs):
+    return w
+
+
+_HANDLERS = {
+    F.linear: _linear,
+    torch._C._nn.linear: _linear,
+    torch.matmul: _matmul,
+    torch.Tensor.matmul: _matmul,
+    torch.Tensor.permute: _transpose_2d,
+    torch.permute: _transpose_2d,
+    torch.Tensor.t: _transpose_2d,
+    torch.Tensor.transpose: _transpose_2d,
+    torch.Tensor.__getitem__: _getitem,
+    torch.cat: _cat,
+    torch.Tensor.to: _to,
+    torch.Tensor.detach: _same,
+    torch.Tensor.contiguous: _same,
+    torch.Tensor.requires_grad_: _same,
+}

@@ -1,0 +1,45 @@
+"""Real weights at q8_0: SmolLM2-135M-Instruct quantized on load (weight-only, packed;
+docs/torch.md "Quantized weights") picks transformers' first token (the f32 model) on
+every chat prompt."""
+
+from __future__ import annotations
+
+import torch
+
+import linnet.torch as lt
+from linnet.backends.torch.quantized import PackedWeight
+from tests.checkpoints import load_reference
+
+
+def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts):
+    reference = load_reference(smollm2_checkpoint)
+    model = lt.load(smollm2_checkpoint, dtype="q8_0", mode="generated")
+    packed = [n for n, p in model.params.items() if isinstance(p, PackedWeight)]
+    assert len(packed) == 1 + 30 * 7  # the tied embedding and every linear of 30 layers
+    for ids in chat_prompts:
+        ids = ids.reshape(1, -1)
+        with torch.no_grad():
+            want = reference(input_ids=ids).logits[:, -1].float()
+        model.reset()
+        got = model.decode(ids, 0)
+        delta = (got - want).abs().max().item()
+        print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
+              f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
+        assert int(got.argmax()) == int(want.argmax())
+
+
+def test_q4_k_gguf_imported_packed_equals_dequantized_import(smollm2_checkpoint, tmp_path):
+    """SmolLM2's q4_k export (Q4_K where rows are whole 256-blocks: the 30 `down`
+    matrices; Q5_0 elsewhere) imported with its Q4_K kept packed runs the dequantized
+    import's model."""
+    import linnet.gguf
+
+    gguf = linnet.gguf.export(smollm2_checkpoint, tmp_path / "q4_k.gguf", dtype="q4_k")
+    want_model = lt.load(gguf, mode="generated")
+    model = lt.load(gguf, dtype="q4_k", mode="generated")
+    packed = [p.kind for p in model.params.values() if isinstance(p, PackedWeight)]
+    assert packed == ["q4_k"] * 30
+    ids = torch.tensor([[1, 4093, 28, 2683, 314, 253, 1345, 30, 2]])
+    want, got = want_model.forward(ids), model.forward(ids)
+    delta = (got - want).abs().max().item()
+    assert delta <= 1e-5 * want.abs().max().item(), delta
