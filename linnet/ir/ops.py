@@ -494,3 +494,7 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
             str(mask),
             "a padding mask has one flag per key: 1 attends, 0 is padding",
         )
+
+
+# 1-D signal ops register into OPS from their own module (this one is at its size limit)
+from linnet.ir import ops_signal  # noqa: E402,F401

@@ -26,7 +26,7 @@ from linnet.ir.state_split import split_states
 # Library ops ONNX has a native op for; its pipeline decomposes the others.
 ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
-    | {"attention"}
+    | {"attention", "conv1d"}
 )
 
 
