@@ -119,6 +119,10 @@ from linnet.commands.jax import jax_command, stablehlo_command  # noqa: E402
 
 main.add_command(jax_command)
 main.add_command(stablehlo_command)
+from linnet.commands.transcribe import transcribe as transcribe_command  # noqa: E402
+
+main.add_command(transcribe_command)
+
 from linnet.site.command import site as site_group  # noqa: E402
 
 main.add_command(site_group)

@@ -134,6 +134,7 @@ def load(
     else:
         runner = JitRunner(source.program(config), numerics)
     model = JaxModel(source, config, params, runner, hf_config=hf_config)
+    model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if from_stablehlo is not None:
         from linnet.stablehlo import check_fits
 

@@ -28,7 +28,7 @@ _SHAPE = dict(
     decoder_attention_heads=2,
     encoder_ffn_dim=48,
     decoder_ffn_dim=64,
-    max_source_positions=16,
+    max_source_positions=50,  # 100 mel frames: a 1 s window (chunk_length 1)
     max_target_positions=48,
 )
 #: name -> WhisperConfig fields. Special ids sit inside the vocabulary.
@@ -76,9 +76,25 @@ def _redraw(model, seed: int) -> None:
             p.copy_(noise / fan_in**0.5)
 
 
+def _rules(name: str) -> dict:
+    """generation_config.json fields as the real checkpoints have them, on the tiny vocab:
+    three language tokens, both tasks, no-timestamps, suppressed and begin-suppressed ids."""
+    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
+    return dict(
+        lang_to_id={"<|en|>": start - 6, "<|de|>": start - 5, "<|fr|>": start - 4},
+        task_to_id={"translate": start - 3, "transcribe": start - 2},
+        no_timestamps_token_id=start - 1,
+        suppress_tokens=[1, 2, 15, 31],
+        is_multilingual=True,
+        max_length=WHISPER_CONFIGS[name]["max_target_positions"],
+    )
+
+
 def build_tiny_whisper(name: str, root: Path, seed: int = 0) -> Path:
-    """A random WhisperForConditionalGeneration saved with `save_pretrained` (f32)."""
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    """A random WhisperForConditionalGeneration saved with `save_pretrained` (f32), with
+    Whisper's decoding rules in generation_config.json and a preprocessor_config.json whose
+    1 s window (chunk_length 1: 100 mel frames) fits the tiny encoder."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     folder = Path(root) / f"whisper-{name}"
     if (folder / "config.json").exists():
@@ -87,7 +103,12 @@ def build_tiny_whisper(name: str, root: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()
     _redraw(model, seed)
+    for key, value in _rules(name).items():
+        setattr(model.generation_config, key, value)
+    model.generation_config._from_model_config = False  # else loading rebuilds it from config
     model.save_pretrained(folder)
+    n_mels = WHISPER_CONFIGS[name]["num_mel_bins"]
+    WhisperFeatureExtractor(feature_size=n_mels, chunk_length=1).save_pretrained(folder)
     return folder
 
 
@@ -99,7 +120,13 @@ def whisper_mel(folder: Path, batch: int = 2, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, cfg["num_mel_bins"], frames, generator=g)
 
 
-def reference_model(folder: Path):
+def reference_model(folder: Path, rules: bool = True):
+    """transformers' model; without `rules`, its generate is the plain greedy loop."""
     from transformers import WhisperForConditionalGeneration
 
-    return WhisperForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    model = WhisperForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    if not rules:
+        g = model.generation_config
+        g.suppress_tokens = g.begin_suppress_tokens = g.lang_to_id = g.task_to_id = None
+        g.is_multilingual, g.no_timestamps_token_id = False, None
+    return model

@@ -4,8 +4,8 @@ Both configurations (`tiny`: 80 mel bins; `large-v3`: 128, tests/tiny_whisper.py
 transformers and loaded like any checkpoint, on PyTorch (interpret and generated), JAX and
 ONNX Runtime: the encoder output, every position's logits of `forward`, the last-position
 logits of `decode` after `encode`, all within 1e-4 of transformers f32 on a batch of 2; 32
-greedy tokens identical to transformers' `generate` (begin-suppress off: the plain greedy
-loop; Whisper's own rules are tested with the generation code).
+greedy tokens identical to transformers' `generate` (Whisper's rules off: the plain greedy
+loop; the rules are tested in tests/models/test_whisper_transcribe.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ def case(request, whisper_root):
     """(folder, mel, prompt, transformers' outputs) for one configuration."""
     name = request.param
     folder = build_tiny_whisper(name, whisper_root)
-    hf = reference_model(folder)
-    hf.generation_config.begin_suppress_tokens = None
+    hf = reference_model(folder, rules=False)
     mel = whisper_mel(folder)
     start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
     prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
