@@ -81,10 +81,14 @@ def test_log_mel_on_speech(speech, n_mels):
 
 
 def test_numpy_path_matches_extractors_numpy_path(speech, monkeypatch):
-    """Without torch: float64 numpy, against the extractor's own numpy path."""
-    padded = np.zeros((1, 30 * RATE), np.float32)
-    padded[0, : speech.size] = speech
-    want = extractor(80)._np_extract_fbank_features(padded, "cpu")[0]
+    """Without torch: float64 numpy, against the extractor's own numpy path (speech, and
+    noise loud from the first sample, where the reflect padding shows)."""
+    signals = {"speech": speech, "clipped noise": _clipped(5)}
+    want = {}
+    for name, samples in signals.items():
+        padded = np.zeros((1, 30 * RATE), np.float32)
+        padded[0, : samples.size] = samples
+        want[name] = extractor(80)._np_extract_fbank_features(padded, "cpu")[0]
     real_import = builtins.__import__
 
     def no_torch(name, *args, **kwargs):
@@ -93,7 +97,8 @@ def test_numpy_path_matches_extractors_numpy_path(speech, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
-    assert_close(log_mel(speech, 80), want, atol=1e-6, what="numpy path")
+    for name, samples in signals.items():
+        assert_close(log_mel(samples, 80), want[name], atol=1e-6, what=f"numpy path, {name}")
 
 
 def test_windows_follow_each_other():
