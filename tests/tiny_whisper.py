@@ -124,7 +124,9 @@ def reference_model(folder: Path, rules: bool = True):
     """transformers' model; without `rules`, its generate is the plain greedy loop."""
     from transformers import WhisperForConditionalGeneration
 
-    model = WhisperForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    model = WhisperForConditionalGeneration.from_pretrained(
+        folder, dtype=torch.float32, trust_remote_code=False
+    ).eval()
     if not rules:
         g = model.generation_config
         g.suppress_tokens = g.begin_suppress_tokens = None

@@ -54,7 +54,7 @@ def clips(seed=0):
 def features(folder, audio):
     from transformers import WhisperFeatureExtractor
 
-    extractor = WhisperFeatureExtractor.from_pretrained(folder)
+    extractor = WhisperFeatureExtractor.from_pretrained(folder, trust_remote_code=False)
     return extractor(audio, sampling_rate=RATE, return_tensors="pt").input_features
 
 
@@ -96,6 +96,27 @@ def test_forced_decoder_ids_of_hub_configs(tiny, tmp_path):
             assert prompt[0, 2] == rules.task_to_id["transcribe"]
     finally:
         hf.generation_config.forced_decoder_ids = None
+
+
+def test_begin_suppress_holds_off_the_first_token(tiny, tmp_path):
+    """The token greedy decoding would pick first, begin-suppressed: another comes first
+    (as in transformers), and the suppressed one may come later."""
+    folder, hf, model = tiny
+    feats = features(folder, clips())
+    first = hf_tokens(hf, feats, language="de")[0][0]
+    config = json.loads((folder / "generation_config.json").read_text())
+    begin = config["begin_suppress_tokens"] + [first]
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(dict(config, begin_suppress_tokens=begin))
+    )
+    rules = WhisperRules.from_folder(tmp_path)
+    hf.generation_config.begin_suppress_tokens = begin
+    try:
+        ours, _ = transcribe_features(model, feats.numpy(), rules, language="de")
+        assert ours == hf_tokens(hf, feats, language="de")
+        assert ours[0][0] != first
+    finally:
+        hf.generation_config.begin_suppress_tokens = config["begin_suppress_tokens"]
 
 
 def test_transcribe_a_file_window_by_window(tiny, tmp_path):
