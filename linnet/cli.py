@@ -125,6 +125,10 @@ main.add_command(train_group)
 from linnet.commands.serve import serve as serve_command  # noqa: E402
 
 main.add_command(serve_command)
+from linnet.commands.transcribe import transcribe as transcribe_command  # noqa: E402
+
+main.add_command(transcribe_command)
+
 from linnet.site.command import site as site_group  # noqa: E402
 
 main.add_command(site_group)

@@ -46,3 +46,7 @@ class RemoteCode(CheckpointError):
 
 class RuntimeGuardError(LinnetError):
     """A `require` that could not be proven at check time failed at run time."""
+
+
+class AudioError(LinnetError):
+    """Audio Linnet cannot use: not audio, empty, or at a sample rate it cannot take."""

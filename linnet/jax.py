@@ -24,7 +24,7 @@ from linnet.backends.jax.codegen import guard_dims
 from linnet.backends.jax.prelude import nest_params
 from linnet.backends.jax.runners import ExportRunner, JitRunner, numpy_dtype
 from linnet.errors import RuntimeGuardError
-from linnet.model import Decoder, Encoder, SourceModel, family
+from linnet.model import Decoder, Encoder, Seq2Seq, SourceModel, family
 from linnet.source import Source
 from linnet.weights.checkpoint import open_checkpoint
 
@@ -91,7 +91,11 @@ class JaxDecoder(Decoder, JaxModel):
     """A source with a `decode` entry: the cache stays on device between steps."""
 
 
-family(JaxModel, JaxEncoder, JaxDecoder)
+class JaxSeq2Seq(Seq2Seq, JaxModel):
+    """A source with `encode` and `decode`: the encoder fills the states decoding reads."""
+
+
+family(JaxModel, JaxEncoder, JaxDecoder, JaxSeq2Seq)
 
 
 def load(
@@ -123,6 +127,7 @@ def load(
     else:
         runner = JitRunner(source.program(config), numerics)
     model = JaxModel(source, config, params, runner, hf_config=hf_config)
+    model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if from_stablehlo is not None:
         from linnet.stablehlo import check_fits
 

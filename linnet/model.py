@@ -185,6 +185,52 @@ class Decoder(Generation, Model):
         self.state[name] = self.arrays.zeros(shape, dtype)
 
 
-def family(base: type, encoder: type, decoder: type) -> None:
-    """Make `base(...)` return `decoder` for entries with `decode`, `encoder` for `embed`."""
+class Seq2Seq(Decoder):
+    """Entries `encode` and `decode` (an encoder-decoder: Whisper). `encode(features)` runs
+    the encoder and fills the states decoding only reads (cross-attention keys and values);
+    `decode` and `generate` then continue from it. `reset()` keeps the encoder's states."""
+
+    def encode(self, features):
+        """Encoder output [B, frames, dim]; every state made anew for this batch."""
+        inputs = self._inputs("encode", [features])
+        self.state = {}
+        for name, shape, dtype in self._state_specs(inputs[0].shape[0]):
+            self._new_state(name, shape, dtype)
+        self.position = 0
+        return self._execute("encode", inputs, {})
+
+    def reset(self) -> None:
+        self.position = 0  # a decode at position 0 overwrites the self cache
+
+    def _ensure_state(self, batch: int, pos: int) -> None:
+        for name, shape, _ in self._state_specs(batch):
+            have = self.state.get(name)
+            if have is None or tuple(self._shape_of(have)) != shape:
+                why = "no encoder output" if have is None else "another batch's encoder output"
+                raise LinnetError(
+                    f"decode with batch {batch} but the model holds {why}: "
+                    "call encode(features) first"
+                )
+
+    folder = None  # the checkpoint folder: generation_config.json, preprocessor_config.json
+
+    def transcribe(self, audio, *, language=None, task=None, sampling_rate=None, tokenizer=None):
+        """Audio (a file, or mono samples at `sampling_rate`, default the model's) as tokens
+        and, with a tokenizer, text, under the checkpoint's rules (linnet/speech.py)."""
+        from linnet.speech import transcribe
+
+        return transcribe(self, audio, language=language, task=task,
+                          sampling_rate=sampling_rate, tokenizer=tokenizer)  # fmt: skip
+
+    def generate(self, features, ids, max_new_tokens: int, **options):
+        """`encode(features)`, then the prompt `ids` plus up to `max_new_tokens` tokens."""
+        self.encode(features)
+        return super().generate(ids, max_new_tokens, **options)
+
+
+def family(base: type, encoder: type, decoder: type, seq2seq: type | None = None) -> None:
+    """Make `base(...)` return `seq2seq` for entries with `encode` and `decode`, `decoder`
+    for `decode`, `encoder` for `embed`."""
     base._kinds = {"decode": decoder, "embed": encoder}
+    if seq2seq is not None:
+        base._kinds = {"encode": seq2seq, **base._kinds}

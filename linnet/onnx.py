@@ -23,7 +23,7 @@ import numpy as np
 from linnet.backends.onnx.arrays import OnnxArrays
 from linnet.core.dims import Poly
 from linnet.errors import LinnetError, RuntimeGuardError
-from linnet.model import Decoder, Encoder, Model, family
+from linnet.model import Decoder, Encoder, Model, Seq2Seq, family
 
 
 def export(
@@ -194,7 +194,11 @@ class OnnxDecoder(Decoder, OnnxModel):
         self.arrays.forget()
 
 
-family(OnnxModel, OnnxEncoder, OnnxDecoder)
+class OnnxSeq2Seq(Seq2Seq, OnnxModel):
+    """An export with `encode` and `decode`: the encoder fills the states decoding reads."""
+
+
+family(OnnxModel, OnnxEncoder, OnnxDecoder, OnnxSeq2Seq)
 
 
 def _check_guards(guards: list, dims: dict) -> None:

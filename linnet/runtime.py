@@ -18,7 +18,7 @@ import torch
 
 from linnet.backends.torch.arrays import TorchArrays
 from linnet.backends.torch.runners import make_runner
-from linnet.model import Decoder, Encoder, SourceModel, family
+from linnet.model import Decoder, Encoder, Seq2Seq, SourceModel, family
 from linnet.source import Source
 
 
@@ -65,4 +65,8 @@ class DecoderModel(Decoder, TorchModel):
     """A source with a `decode` entry: a static KV cache, decode steps and generation."""
 
 
-family(TorchModel, EncoderModel, DecoderModel)
+class Seq2SeqModel(Seq2Seq, TorchModel):
+    """A source with `encode` and `decode`: the encoder fills the states decoding reads."""
+
+
+family(TorchModel, EncoderModel, DecoderModel, Seq2SeqModel)

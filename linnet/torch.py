@@ -51,6 +51,7 @@ def load(
     model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
     )
+    model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if ck.gguf_metadata is not None:  # a GGUF re-export keeps the file's key/values
         model.gguf_metadata, model.origin = ck.gguf_metadata, ck.origin
     return model

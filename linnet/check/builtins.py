@@ -281,6 +281,20 @@ def _conv(cx, x, w, b, stride, padding):
 
 
 @builtin(
+    "conv1d",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor?", None),
+    ("stride", "int", Poly.const(1)),
+    ("padding", "int", Poly.const(0)),
+    doc="1-D convolution: x [B, C, T], w [O, C, K], zero padding on both sides",
+)
+def _conv1d(cx, x, w, b, stride, padding):
+    ins = [x, w] + ([b] if b is not None else [])
+    return cx.add("conv1d", ins, stride=_maybe_int(stride), padding=_maybe_int(padding))
+
+
+@builtin(
     "max_pool",
     ("x", "tensor"),
     ("kernel", "int"),
@@ -328,6 +342,14 @@ def _to_tokens(cx, x):
     b, c, h, w = x.type.shape
     x = cx.add("reshape", [x], shape=(b, c, h * w))
     return cx.add("transpose", [x], perm=(0, 2, 1))
+
+
+@builtin("transpose", ("x", "tensor"), doc="the last two axes swapped ([B, C, T] -> [B, T, C])")
+def _transpose(cx, x):
+    rank = x.type.rank
+    if rank < 2:
+        raise OpTypeError("transpose needs two axes or more", "rank >= 2", str(x.type))
+    return cx.add("transpose", [x], perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
 
 
 @builtin("concat", ("a", "tensor"), ("b", "tensor"), ("axis", "int", Poly.const(1)))

@@ -95,6 +95,10 @@ class Poly:
         if self.is_const and other.is_const and other.value:
             return Poly.const(self.value // other.value)
         exact = self.exact_div(other)
+        if exact is None and other.is_const and other.value > 0:  # (k*A + c) // k = A + c // k
+            c = sum(coef for m, coef in self.terms if not m)
+            rest = (self - c).exact_div(other)
+            exact = None if rest is None else rest + c // other.value
         return exact if exact is not None else Poly.atom(f"({self} // {other})")
 
     def mod(self, other: Poly | int) -> Poly:

@@ -328,6 +328,27 @@ def conv(b, x, w, bias=None, *, stride=1, padding=0):
     return b.add("reshape", [y], shape=(bsz, out_ch, oh, ow))
 
 
+def conv1d(b, x, w, bias=None, *, stride=1, padding=0):
+    """im2col over one axis: each kernel offset's strided view of x [B, C, T] (zero padded)
+    stacked on the channel axis, then one matmul with w flattened to [O, C * K]."""
+    bsz, ch, t = b.type_of(x).shape
+    out_ch, _, kernel = (d.value for d in b.type_of(w).shape)
+    if padding:
+        x = b.add("pad", [x], pads=((0, 0), (0, 0), (padding, padding)), value=0.0)
+    out_t = (t + 2 * padding - kernel).floordiv(stride) + 1
+    cols = []
+    for j in range(kernel):
+        stops = (bsz, ch, j + stride * (out_t - 1) + 1)
+        view = b.add("slice", [x], starts=(0, 0, j), stops=stops, steps=(1, 1, stride))
+        cols.append(b.add("reshape", [view], shape=(bsz, ch, 1, out_t)))
+    cols = cols[0] if kernel == 1 else b.add("concat", cols, axis=2)  # (B, C, K, T')
+    cols = b.add("reshape", [cols], shape=(bsz, ch * kernel, out_t))
+    y = b.add("matmul", [b.add("reshape", [w], shape=(out_ch, ch * kernel)), cols])
+    if bias is not None:
+        y = b.add("add", [y, b.add("reshape", [bias], shape=(out_ch, 1))])
+    return y  # (B, O, T')
+
+
 def max_pool(b, x, *, kernel, stride=1, padding=0):
     views, _, _ = _windows(b, x, (kernel, kernel), stride, padding, -math.inf)
     out = views[0]
@@ -399,6 +420,7 @@ DECOMPOSITIONS = {
     "rope": rope,
     "attention": attention,
     "conv": conv,
+    "conv1d": conv1d,
     "max_pool": max_pool,
     "batch_norm": batch_norm,
     "group_norm": group_norm,

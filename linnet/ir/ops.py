@@ -419,5 +419,5 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
 
 
 # Ops registered from their own modules: the image ops (convolution, pooling, batch and
-# group norm, nearest upsampling), the moe op.
-from linnet.ir import ops_image, ops_moe  # noqa: E402, F401  (they register into OPS)
+# group norm, nearest upsampling), the moe op, the 1-D signal ops (conv1d).
+from linnet.ir import ops_image, ops_moe, ops_signal  # noqa: E402, F401  (register into OPS)

@@ -26,7 +26,7 @@ from linnet.ir.state_split import split_states
 # Library ops ONNX has a native op for; its pipeline decomposes the others.
 ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
-    | {"attention", "moe"}
+    | {"attention", "moe", "conv1d"}
     | {"group_norm", "upsample_nearest"}  # GroupNormalization (opset 21), Resize (issue 15)
 )
 # The mixture of experts stays whole on every backend: its decomposition is dense (every

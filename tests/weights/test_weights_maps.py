@@ -140,6 +140,13 @@ SHRINK = dict(
     depths=[1, 1, 1, 1],
     global_attn_every_n_layers=2,
     local_attention=16,
+    # Whisper (issue 14): the decoder's sizes have keys of their own
+    decoder_attention_heads=4,
+    decoder_layers=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_source_positions=16,
+    max_target_positions=64,
 )
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 

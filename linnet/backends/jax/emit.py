@@ -89,6 +89,12 @@ def _conv(a, s, x, w, b=None):
     return f"{s.helper('conv')}({', '.join(args)}, stride={stride}, padding={padding})"
 
 
+def _conv1d(a, s, x, w, b=None):
+    args = [x, w] + ([] if b is None else [b])
+    stride, padding = a.get("stride", 1), a.get("padding", 0)
+    return f"{s.helper('conv1d')}({', '.join(args)}, stride={stride}, padding={padding})"
+
+
 def _max_pool(a, s, x):
     return f"max_pool({x}, {a['kernel']}, {a.get('stride', 1)}, {a.get('padding', 0)})"
 
@@ -233,6 +239,7 @@ EMITTERS = {
     "rope": _rope,
     "attention": _attention,
     "conv": _conv,
+    "conv1d": _conv1d,
     "max_pool": _max_pool,
     "batch_norm": lambda a, s, *xs: f"{s.helper('batch_norm')}({', '.join(xs)}, {a['eps']!r})",
     "group_norm": lambda a, s, *xs: (

@@ -226,6 +226,23 @@ def upsample_nearest(x, scale):
 
 
 # -- numerics="fast": XLA picks (default precision, jax.nn kernels) ------------------------
+def _conv1d(x, w, stride, padding, precision):
+    return lax.conv_general_dilated(
+        x, w, (stride,), ((padding, padding),), dimension_numbers=("NCH", "OIH", "NCH"),
+        precision=precision,
+    )  # fmt: skip
+
+
+def conv1d_ref(x, w, b=None, stride=1, padding=0):
+    y = _conv1d(x, w, stride, padding, HIGHEST)
+    return y if b is None else y + b[:, None]
+
+
+def conv1d_fast(x, w, b=None, stride=1, padding=0):
+    y = _conv1d(x, w, stride, padding, None)
+    return y if b is None else y + b[:, None]
+
+
 def conv_fast(x, w, b=None, stride=1, padding=0):
     y = _conv(x, w, stride, padding, None)
     return y if b is None else y + b[:, None, None]

@@ -51,6 +51,12 @@ def _split(entry, result) -> tuple[list, dict]:
     return list(result[:n_out]), states
 
 
+def _written_states(graph) -> tuple:
+    """Argument positions of the states an entry writes (donated); a state it only reads
+    (Whisper's cross-attention keys in `decode`) stays the caller's."""
+    return tuple(1 + i for i, s in enumerate(graph.states) if s in graph.state_outputs)
+
+
 class JitRunner:
     """Generated JAX under jax.jit, with the state donated."""
 
@@ -65,7 +71,7 @@ class JitRunner:
         self.traces: Counter = Counter()  # entry -> times traced (compiled) so far
         self.jitted = {}
         for name, entry in self.entries.items():
-            donate = tuple(range(1, 1 + len(entry.graph.states)))
+            donate = _written_states(entry.graph)
             self.jitted[name] = jax.jit(self._counted(name), donate_argnums=donate)
 
     def _counted(self, name: str):
@@ -97,7 +103,7 @@ class ExportRunner:
                     f"the StableHLO export is of `{name}`, which the {program.name} source "
                     f"does not have (entries: {', '.join(self.entries)})"
                 )
-            donate = tuple(range(1, 1 + len(self.entries[name].graph.states)))
+            donate = _written_states(self.entries[name].graph)
             self.jitted[name] = jax.jit(exported.call, donate_argnums=donate)
 
     @property

@@ -392,6 +392,9 @@ EMITTERS = {
     "silu": lambda a, b, x: b.node("Mul", [x, b.node("Sigmoid", [x])]),
     "gelu": lambda a, b, x: b.node("Gelu", [x], approximate=a.get("approx") or "none"),
     "conv": lambda a, b, *xs: b.node("Conv", list(xs), **_window(a)),
+    "conv1d": lambda a, b, *xs: b.node(
+        "Conv", list(xs), strides=[a.get("stride", 1)], pads=[a.get("padding", 0)] * 2
+    ),
     "max_pool": lambda a, b, x: b.node("MaxPool", [x], **_window(a, a["kernel"])),
     "batch_norm": lambda a, b, *xs: b.node("BatchNormalization", list(xs), epsilon=a["eps"]),
     "attention": _attention,

@@ -205,6 +205,9 @@ EMITTERS = {
     "rope": _rope,
     "attention": _attention,
     "conv": _conv,
+    "conv1d": lambda a, s, x, w, b=None: (
+        f"F.conv1d({x}, {w}, {b}, {a.get('stride', 1)}, {a.get('padding', 0)})"
+    ),
     "max_pool": lambda a, s, x: (
         f"F.max_pool2d({x}, {a['kernel']}, {a.get('stride', 1)}, {a.get('padding', 0)})"
     ),
