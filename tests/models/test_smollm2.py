@@ -68,11 +68,17 @@ def test_greedy_continuation_matches_transformers(smollm2, smollm2_checkpoint, c
     assert got.tolist() == want.tolist()
 
 
-@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
-def test_generated_mode_greedy_matches_transformers(smollm2_checkpoint, chat_prompts, numerics):
-    """The generated-source path on real weights: the same eight greedy tokens."""
+@pytest.mark.parametrize(
+    ("mode", "numerics"),
+    [("generated", "equivalent"), ("generated", "fast"), ("compile", "fast")],
+)
+def test_generated_mode_greedy_matches_transformers(
+    smollm2_checkpoint, chat_prompts, mode, numerics
+):
+    """The generated-source path on real weights, eager and compiled per layer (issue 21):
+    the same eight greedy tokens."""
     reference = load_reference(smollm2_checkpoint)
-    model = lt.load(smollm2_checkpoint, dtype="f32", mode="generated", numerics=numerics)
+    model = lt.load(smollm2_checkpoint, dtype="f32", mode=mode, numerics=numerics)
     for ids in chat_prompts:
         ids = ids.reshape(1, -1)
         with torch.no_grad():

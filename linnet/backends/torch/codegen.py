@@ -63,6 +63,14 @@ def _shape_comment(value) -> str:
 
 def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     """The lines of one entry point as a method."""
+    lines, names, idents = method_head(graph, name)
+    lines += _emit_body(graph, spell, names, idents)
+    return lines + method_tail(graph, names)
+
+
+def method_head(graph: Graph, name: str) -> tuple[list[str], dict, set]:
+    """An entry's `def` line and its bindings; and the names of its inputs, params and
+    states (value -> Python name), and the states' names."""
     args = [v.name for v in graph.inputs] + list(graph.dim_inputs)
     # state comes in as arguments (default: the module's own buffers), so torch.compile
     # sees it as an input rather than a fixed attribute
@@ -75,7 +83,12 @@ def emit_method(graph: Graph, spell: Spell, name: str) -> list[str]:
     names: dict = {v: v.name for v in graph.inputs}
     names.update({v: attr_path(p) for p, v in graph.params.items()})
     names.update({v: state_ident(s) for s, v in graph.states.items()})
-    lines += _emit_body(graph, spell, names, set(idents))
+    return lines, names, set(idents)
+
+
+def method_tail(graph: Graph, names: dict) -> list[str]:
+    """States written to a new buffer copied back, then the return."""
+    lines = []
     for sname, v in graph.state_outputs.items():
         if names[v] != state_ident(sname):
             lines.append(f"        {state_ident(sname)}.copy_({names[v]})")
@@ -107,26 +120,38 @@ def _emit_body(graph: Graph, spell: Spell, names: dict, idents: set) -> list[str
     inplace = inplace_updates(graph)
     dying = dying_values(graph)
     lines: list[str] = []
-    temps = set()  # the method's own temporaries (not params, inputs or state)
+    temps: set = set()  # the method's own temporaries (not params, inputs or state)
     for index, node in enumerate(graph.nodes):
-        if node.op in WRITE_OPS:
-            attrs = dict(node.attrs, inplace=index in inplace)
-            node = type(node)(node.op, node.inputs, attrs, node.output, node.where)
-        text = emit(node, spell, [names[v] for v in node.inputs])
-        out = node.output
-        if isinstance(text, Lines):
-            lines += [f"        {line}" for line in text.lines]
-            text = text.value
-        if out is not None and text in idents:
-            names[out] = text  # written in place: same buffer
-        elif out is not None:
-            lines.append(f"        t{out.id} = {text}{_shape_comment(out)}")
-            names[out] = f"t{out.id}"
-            temps.add(f"t{out.id}")
-        dead = [names[v] for v in dying.get(index, []) if names.get(v) in temps]
-        if dead:
-            lines.append(f"        del {', '.join(dead)}")
+        lines += emit_node_lines(node, spell, names, idents, temps, index in inplace)
+        lines += del_line(dying.get(index, []), names, temps)
     return lines
+
+
+def emit_node_lines(node, spell: Spell, names: dict, idents: set, temps: set, inplace: bool):
+    """The lines of one node; its result is named `t<id>` in `names` and `temps`, or, when
+    it writes a state in place, by that state's name."""
+    if node.op in WRITE_OPS:
+        attrs = dict(node.attrs, inplace=inplace)
+        node = type(node)(node.op, node.inputs, attrs, node.output, node.where)
+    text = emit(node, spell, [names[v] for v in node.inputs])
+    out = node.output
+    lines = []
+    if isinstance(text, Lines):
+        lines += [f"        {line}" for line in text.lines]
+        text = text.value
+    if out is not None and text in idents:
+        names[out] = text  # written in place: same buffer
+    elif out is not None:
+        lines.append(f"        t{out.id} = {text}{_shape_comment(out)}")
+        names[out] = f"t{out.id}"
+        temps.add(f"t{out.id}")
+    return lines
+
+
+def del_line(values, names: dict, temps: set) -> list[str]:
+    """`del` of the given values that are temporaries of the method."""
+    dead = [names[v] for v in values if names.get(v) in temps]
+    return [f"        del {', '.join(dead)}"] if dead else []
 
 
 def emit_init(program: Program, spell: Spell, fused: dict, states) -> list[str]:
@@ -201,13 +226,14 @@ def generate(program: Program, numerics: str = "equivalent", fuse=False) -> str:
 
 
 def generate_graphs(
-    program: Program, graphs: dict, numerics: str, fused: dict | None = None
+    program: Program, graphs: dict, numerics: str, fused: dict | None = None, emitter=None
 ) -> str:
-    """The module's text with one method per given graph (e.g. a capture-ready decode)."""
+    """The module's text with one method per given graph (e.g. a capture-ready decode);
+    `emitter(graph, spell, entry)` writes each entry's methods (default `emit_method`)."""
     spell = Spell(numerics=numerics, table_prefix="self.")
     methods = []
     for entry, graph in graphs.items():
-        methods += [""] + emit_method(graph, spell, entry)
+        methods += [""] + (emitter or emit_method)(graph, spell, entry)
     cls = class_name(program.name)
     shown = ", ".join(f"{k}={v!r}" for k, v in program.config.items())
     title = f"{cls}: a Linnet model as plain PyTorch"

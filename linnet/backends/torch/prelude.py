@@ -278,7 +278,7 @@ def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sink
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     # decode of one token sees every cached key; a square prefill is plain causal
     return F.scaled_dot_product_attention(
-        q, k, v, is_causal=causal and s > 1, scale=scale, enable_gqa=True
+        q, k, v, is_causal=True if causal and s > 1 else False, scale=scale, enable_gqa=True
     )
 
 

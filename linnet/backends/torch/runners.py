@@ -13,8 +13,11 @@ parts it declares), `inputs` (entry -> [(name, TensorType)]) and `state_types`.
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -25,6 +28,7 @@ from linnet.backends.torch.codegen import (
     state_ident,
 )
 from linnet.backends.torch.interp import Interpreter
+from linnet.backends.torch.outlined import emit_outlined
 from linnet.errors import LinnetError
 from linnet.ir.pipeline import run_pipeline
 from linnet.ir.program import Program
@@ -98,11 +102,14 @@ class GeneratedRunner:
     cache write is one slice of one part; under torch.compile a write into one tensor of
     the whole cache made Inductor copy all of it on every step (47 MB for SmolLM2)."""
 
-    def __init__(self, program: Program, params, device, numerics, compiled=False):
+    def __init__(self, program: Program, params, device, numerics, compiled=False, outlined=None):
         graphs, fused = lower_entries(program, fuse=True)
         self.state_types = state_types(graphs)  # what the model holds: whole states
         self.graphs, self.parts = split_entry_states(graphs)
-        self.text = generate_graphs(program, self.graphs, numerics, fused)
+        # outlined (the default when compiled): one method per layer kind, which is what
+        # gets compiled, not the whole unrolled entry (`emit_outlined`)
+        emitter = emit_outlined if (compiled if outlined is None else outlined) else None
+        self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
         weights = {**params, **stack_params(params, fused)}
         names = module.state_dict().keys()  # tied params are not attributes of their own
@@ -112,8 +119,8 @@ class GeneratedRunner:
         self.methods = {e: getattr(self.module, e) for e in self.graphs}
         self._views: dict = {}  # whole state name -> (tensor, {part ident: view})
         if compiled:
-            # dynamic shapes: one graph for every decode position and prompt length
-            self.methods = {e: torch.compile(m, dynamic=True) for e, m in self.methods.items()}
+            use_disk_cache()
+            self.methods = compile_entries(self.module, self.methods)
 
     def state_args(self, graph, state: dict) -> dict:
         """The entry's state arguments: whole states as given, split ones as views of the
@@ -137,6 +144,34 @@ class GeneratedRunner:
         graph = self.graphs[entry]
         dim_args = [dims[k] for k in graph.dim_inputs]
         return self.methods[entry](*inputs, *dim_args, **self.state_args(graph, state))
+
+
+def use_disk_cache() -> Path:
+    """Inductor's compiled artefacts (its FX graph and AOTAutograd caches, on by default)
+    kept under Linnet's cache (`$LINNET_CACHE/inductor`) unless TORCHINDUCTOR_CACHE_DIR
+    says where, so a second process finds them instead of compiling again (torch's own
+    default is under /tmp)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        env = os.environ.get("LINNET_CACHE")
+        root = Path(env).expanduser() if env else Path.home() / ".cache" / "linnet"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def compile_entries(module, methods: dict) -> dict:
+    """Compiled methods in place of `methods` (entry -> bound method): an outlined entry
+    keeps its eager method and each of its layer methods (`_<entry>_layer<k>`) is compiled
+    alone, so compile time does not grow with depth; an entry without layers is compiled
+    whole. Dynamic shapes: one graph for every decode position and prompt length."""
+    compiled = {}
+    for entry, method in methods.items():
+        layers = [n for n in vars(type(module)) if re.fullmatch(rf"_{entry}_layer\d+", n)]
+        for name in layers:  # the function, not a bound method: dynamo keys its cache on
+            # the code object, and bound methods share one wrapper's
+            compiled_fn = torch.compile(getattr(type(module), name), dynamic=True)
+            setattr(module, name, types.MethodType(compiled_fn, module))
+        compiled[entry] = method if layers else torch.compile(method, dynamic=True)
+    return compiled
 
 
 def make_runner(mode: str, program: Program, params, device, numerics):
