@@ -7,7 +7,8 @@ original: greedy answers to the chat prompts identical, and equal to transformer
 Starts vLLM's OpenAI server (bench/servers.py) on the original f32 checkpoint and on
 `linnet.hf.export` of it, asks each the chat prompts (chat completions, temperature 0,
 --new-tokens tokens), and compares the answers with each other and with transformers'
-greedy `generate` on the same chat template. Writes bench/results/vllm_check.json; exits 1
+greedy `generate` on the same chat template. Writes bench/results/checks/vllm_check.json
+(a check, not a benchmark: the site does not read it); exits 1
 on any difference. Kept out of the default test command: vLLM's start-up alone takes
 1-2 minutes per server on two cores.
 """
@@ -66,7 +67,7 @@ def served_answers(ckpt: str, new_tokens: int) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/vllm_check.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/checks/vllm_check.json")
     args = parser.parse_args(argv)
     made = subprocess.run([sys.executable, str(ROOT / "scripts/make_smollm2_checkpoint.py")],
                           check=True, capture_output=True, text=True)  # fmt: skip

@@ -70,7 +70,9 @@ def build(root, name: str):
 def reference(folder, latents) -> torch.Tensor:
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL.from_pretrained(folder).eval().decode(latents).sample
+    return (
+        AutoencoderKL.from_pretrained(folder, trust_remote_code=False).eval().decode(latents).sample
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +161,12 @@ def test_hf_export_writes_the_diffusers_layout(built, tmp_path, name):
             (src / "config.json").read_text()
         )
         with torch.no_grad():
-            image = AutoencoderKL.from_pretrained(out).eval().decode(latents).sample
+            image = (
+                AutoencoderKL.from_pretrained(out, trust_remote_code=False)
+                .eval()
+                .decode(latents)
+                .sample
+            )
         assert torch.equal(image, want)
 
 

@@ -54,7 +54,7 @@ def test_saved_adapter_loads_in_peft_with_same_logits(tiny_checkpoint, tmp_path,
     config = json.loads((folder / "adapter_config.json").read_text())
     assert "model.layers.1.self_attn.v_proj" in config["target_modules"]
     assert "model.layers.0.mlp.down_proj" not in config["target_modules"]
-    peft = PeftModel.from_pretrained(fresh_reference(path), folder)
+    peft = PeftModel.from_pretrained(fresh_reference(path), folder, trust_remote_code=False)
     with torch.no_grad():
         want = peft(input_ids=ids).logits
         base = peft.get_base_model()

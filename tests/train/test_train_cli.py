@@ -92,8 +92,10 @@ def test_sft_command_writes_checkpoints_and_a_peft_adapter(chat_model, tmp_path)
     assert result.exit_code == 0, result.output
     assert "eval at step 4" in result.output
     assert (out / "checkpoint-2" / "trainer_state.pt").is_file()
-    base = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32)
-    peft = PeftModel.from_pretrained(base, out / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(
+        chat_model, dtype=torch.float32, trust_remote_code=False
+    )
+    peft = PeftModel.from_pretrained(base, out / "adapter", trust_remote_code=False)
     moved = [p for n, p in peft.named_parameters() if "lora_B" in n]
     assert moved and all(p.abs().max() > 0 for p in moved)  # B starts at zero: it trained
 

