@@ -33,6 +33,7 @@ class TorchModel(SourceModel):
         numerics: str = "equivalent",
         mode: str = "interpret",
         hf_config: dict | None = None,
+        program=None,  # a rank's local program (tensor parallel, linnet/shard)
     ):
         self.source = source
         self.config = config
@@ -42,7 +43,7 @@ class TorchModel(SourceModel):
         self.numerics = numerics
         self.mode = mode
         self.arrays = TorchArrays(self.device)
-        program = source.program(config)
+        program = program or source.program(config)
         self.runner = make_runner(mode, program, self.params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
 

@@ -26,6 +26,7 @@ def load(
     numerics: str = "equivalent",
     max_positions: int | None = None,
     mode: str = "interpret",
+    tensor_parallel: int | None = None,
 ) -> TorchModel:
     """A local HF checkpoint folder (config.json + safetensors), or a `.gguf` file, as a
     Linnet model.
@@ -39,7 +40,16 @@ def load(
         "compile" (generated under torch.compile) or "cudagraphs" (CUDA only).
     numerics: "equivalent" (the reference's f32 norms and softmax) or "fast"
         (fused kernels; generated and compiled modes).
+    tensor_parallel: N ranks, one process each under torchrun: this rank's share of the
+        model, collectives over torch.distributed (docs/parallel.md).
     """
+    if tensor_parallel is not None:
+        from linnet.shard.torch_tp import load_tensor_parallel
+
+        return load_tensor_parallel(
+            path, tensor_parallel, dtype=dtype, device=device, numerics=numerics,
+            max_positions=max_positions, mode=mode,
+        )  # fmt: skip
     quant = packed_dtype(dtype)
     if quant is not None:
         dtype = "f32"

@@ -249,6 +249,13 @@ EMITTERS = {
     "moe": _moe,
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
+# Tensor-parallel collectives (issue 19, docs/parallel.md) over the mesh axis "tp": a rank's
+# local graph under shard_map. `linnet.jax.load(..., mesh=)` runs the whole graph instead,
+# with NamedSharding on params and cache, and XLA inserts its own collectives.
+EMITTERS["all_reduce"] = lambda a, s, x: f"jax.lax.psum({x}, 'tp')"
+EMITTERS["all_gather"] = lambda a, s, x: (
+    f"jax.lax.all_gather({x}, 'tp', axis={a['axis']}, tiled=True)"
+)
 
 
 def emit(node, spell: JaxSpell, inputs: list[str]):

@@ -24,6 +24,7 @@ from linnet.backends.emit import attention_operands, node_attrs
 from linnet.backends.onnx import emit_moe
 from linnet.core.dims import Poly
 from linnet.core.dtypes import DTYPES, numpy_dtype
+from linnet.errors import UnsupportedArchitecture
 from linnet.ir.pipeline import ONNX_NATIVE_OPS
 
 OPSET = 21  # Gelu (20), LayerNormalization (17), reduce axes as inputs (18)
@@ -406,6 +407,16 @@ for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])
 for _name, _op in BINARY.items():
     EMITTERS[_name] = lambda a, b, x, y, _op=_op: b.node(_op, [x, y])
+
+
+def _collective(a, b, x):
+    raise UnsupportedArchitecture(
+        "ONNX has no collectives: export the single-device model (tensor parallelism is "
+        "for linnet.torch and linnet.jax; docs/parallel.md)"
+    )
+
+
+EMITTERS["all_reduce"] = EMITTERS["all_gather"] = _collective  # issue 19
 
 NATIVE_LIBRARY_OPS = ONNX_NATIVE_OPS  # the `onnx` pipeline decomposes the other library ops
 assert NATIVE_LIBRARY_OPS <= EMITTERS.keys()

@@ -225,6 +225,18 @@ for _name in ("maximum", "minimum"):
     )
 
 
+# Tensor-parallel collectives (issue 19, docs/parallel.md): torch.distributed's default
+# group, in place on the fresh partial sums the rewrite hands them.
+EMITTERS["all_reduce"] = lambda a, s, x: Lines([f"torch.distributed.all_reduce({x})"], x)
+EMITTERS["all_gather"] = lambda a, s, x: Lines(
+    [
+        f"_g = [torch.empty_like({x}) for _ in range({a['world']})]",
+        f"torch.distributed.all_gather(_g, {x}.contiguous())",
+    ],
+    f"torch.cat(_g, dim={a['axis']})",
+)
+
+
 def emit(node, spell: Spell, inputs: list[str]):
     """The text of one node: an expression, or Lines."""
     return emit_node(EMITTERS, node, spell, inputs)
