@@ -8,6 +8,7 @@ Both take a zoo name (pulled, or found in the HF cache), an HF repo id, a local 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -115,7 +116,15 @@ def _generation_eos(path: Path):
 @MODE_OPTION
 @_CHECKPOINT
 @_REVISION
-def run(target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, revision) -> None:
+@click.option(
+    "--tensor-parallel", type=click.IntRange(1), default=None,
+    help="split the model over N ranks, one process each: torchrun --nproc-per-node N "
+    "-m linnet run ... (docs/parallel.md)",
+)  # fmt: skip
+def run(
+    target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, revision,
+    tensor_parallel,
+) -> None:  # fmt: skip
     """Generate text greedily with Linnet, streaming tokens as they come."""
     from linnet.parity import encode_prompts
 
@@ -124,14 +133,16 @@ def run(target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, 
     ids = encode_prompts(tokenizer, [prompt], chat)[0]
     model, load_s = load_model(
         found.checkpoint, backend=backend, mode=mode, dtype=dtype,
-        positions=ids.shape[-1] + max_new_tokens,
+        positions=ids.shape[-1] + max_new_tokens, tensor_parallel=tensor_parallel,
     )  # fmt: skip
-    stream = TextStream(tokenizer)
+    quiet = getattr(model, "rank", 0) != 0  # tensor parallel: rank 0 prints
+    stream = TextStream(tokenizer, out=open(os.devnull, "w") if quiet else None)
     eos = eos_ids(found.folder, tokenizer)
     timing = generate_streamed(model, ids, max_new_tokens, eos=eos, stream=stream, load_s=load_s)
     stream.out.write("\n")
     stream.out.flush()
-    click.echo(timing.report(), err=True)
+    if not quiet:
+        click.echo(timing.report(), err=True)
 
 
 def open_tokenizer(found, chat: bool | None):

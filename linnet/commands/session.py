@@ -36,8 +36,13 @@ def mode_option(default: str):
 MODE_OPTION = mode_option(DEFAULT_MODE)
 
 
-def load_model(checkpoint, *, backend: str, mode: str | None, dtype, positions: int):
-    """A decoder on `backend`, and the seconds loading took; `positions`: the cache length."""
+def load_model(
+    checkpoint, *, backend: str, mode: str | None, dtype, positions: int, tensor_parallel=None
+):
+    """A decoder on `backend`, and the seconds loading took; `positions`: the cache length;
+    `tensor_parallel`: this torchrun rank's share of N (PyTorch, docs/parallel.md)."""
+    if tensor_parallel is not None and backend != "torch":
+        raise click.UsageError("--tensor-parallel runs on --backend torch (under torchrun)")
     if mode is not None and backend != "torch":
         raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
     t0 = time.perf_counter()
@@ -45,8 +50,9 @@ def load_model(checkpoint, *, backend: str, mode: str | None, dtype, positions: 
         import linnet.torch
 
         model = linnet.torch.load(
-            checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=positions
-        )
+            checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=positions,
+            tensor_parallel=tensor_parallel,
+        )  # fmt: skip
     elif backend == "jax":
         import linnet.jax
 

@@ -39,6 +39,7 @@ class ShardPlan:
     layouts: dict[str, dict]  # entry -> value -> layout
     row_parallel: dict[str, set]  # entry -> ids of the linears followed by an all_reduce
     whole_linears: set[str] = field(default_factory=set)  # tried split, kept whole
+    program: Program | None = None  # what it was derived from (layouts key its values)
 
     def describe(self) -> str:
         """One line per param that is split, and a count of the whole ones."""
@@ -74,7 +75,7 @@ def derive_plan(program: Program, world: int, max_rounds: int = 256) -> ShardPla
         if not walker.changed:
             params = {name: walker.params.get(name) for name in program.params}
             return ShardPlan(world, params, dict(walker.states), layouts,
-                             walker.row_parallel, set(walker.whole))  # fmt: skip
+                             walker.row_parallel, set(walker.whole), program)  # fmt: skip
     raise ShardingError(f"the sharding plan did not settle in {max_rounds} rounds")
 
 

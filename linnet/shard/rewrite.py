@@ -1,6 +1,6 @@
 """One rank's program: params and states at their local shapes, collectives inserted.
 
-    program = local_program(program, plan, rank)
+    program = local_program(plan, rank)      # plan = derive_plan(program, world)
 
 Each entry is copied node by node (`passes.copy_frame` and `finish`): a split param or
 state gets its block's shape, a reshape or slice over a split axis its block's size, and a
@@ -32,7 +32,9 @@ def local_type(t: TensorType, lay: Split | None, what: str) -> TensorType:
     return t.with_shape(shape)
 
 
-def local_program(program: Program, plan: ShardPlan, rank: int) -> Program:
+def local_program(plan: ShardPlan, rank: int) -> Program:
+    """Rank `rank`'s program: the one `plan` was derived from, at local shapes."""
+    program = plan.program
     if not 0 <= rank < plan.world:
         raise ShardingError(f"rank {rank} outside a world of {plan.world}")
     graphs = {entry: _local_graph(g, plan, entry) for entry, g in program.graphs.items()}

@@ -64,7 +64,7 @@ def load_tensor_parallel(
     params = {n: t.to(device) for n, t in rank_params(plan, shard.params, rank, world, torch_dtype)}
     model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode,
-        hf_config=hf_config, program=local_program(program, shard, rank),
+        hf_config=hf_config, program=local_program(shard, rank),
     )  # fmt: skip
     model.shard_plan, model.rank = shard, rank
     return model

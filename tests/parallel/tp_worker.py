@@ -39,6 +39,8 @@ def main() -> int:
                 if rank == 0:
                     torch.save(logits, out / f"{key.replace(':', '-')}.pt")
                 report["runs"][key] = {"tokens": tokens.tolist()}
+                count = sum(t.numel() for t in model.params.values())
+                report.setdefault("param_elements", {})[Path(ck).name] = count
     except Exception as e:  # the test reads what each rank ended with
         report["error"] = f"{type(e).__name__}: {e}"
         report["traceback"] = traceback.format_exc()

@@ -1,0 +1,221 @@
+"""Tensor parallel on PyTorch (issue 19): two CPU processes over gloo against one process.
+
+The plan is derived from the Core IR (`linnet/shard/analysis.py`); these tests check what it
+derives, then run tiny random checkpoints split over two ranks (processes started with
+torchrun's environment, `tests/parallel/launch.py`) against the single-process model in the
+same mode: forward logits within 1e-5 of the largest logit, the same greedy tokens (which are
+also transformers'), each rank holding its share of the weights. Bad configurations and a
+rank that dies end every rank with an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import linnet.torch
+from linnet.shard.analysis import derive_plan
+from linnet.shard.layout import ShardingError
+from linnet.shard.rewrite import local_program
+from linnet.source import Source
+from tests import tiny_decoders
+from tests.numeric import assert_within
+from tests.parallel.launch import run_ranks
+from tests.tiny_decoders import build_tiny, probe_ids, reference_greedy
+
+# KV heads fewer than ranks: 4 query heads over one KV head, each rank holds that head.
+tiny_decoders.TINY_CONFIGS[("LlamaForCausalLM", "kv1")] = dict(
+    tiny_decoders._LLAMA, n_heads=4, n_kv=1
+)
+tiny_decoders.TINY_EDGES[("LlamaForCausalLM", "kv1")] = "one KV head (fewer than 2 ranks)"
+
+CHECKPOINTS = [
+    ("llama", "base"),  # GQA 8 heads / 2 KV: both split
+    ("llama", "kv1"),  # KV heads fewer than ranks: replicated per rank
+    ("llama", "attn_bias"),  # biases on column (q, k, v) and row-parallel (o) linears
+    ("qwen3", "base"),  # per-head q/k norms
+    ("phi3", "base"),  # fused qkv / gate_up in the checkpoint: read whole, then cut
+    ("gpt2", "base"),  # another family: Conv1D weights, layer norm, learned positions, tied
+]
+MODES = ["interpret", "generated"]
+NEW_TOKENS = 6
+
+
+def _plan(arch: str, variant: str, world: int, **over):
+    fields = dict(tiny_decoders.TINY_CONFIGS[(tiny_decoders.canon_arch(arch), variant)], **over)
+    fields.setdefault("act", "f32")
+    src = Source.load(f"zoo/{'gpt2' if arch == 'gpt2' else 'llama'}.linnet")
+    return derive_plan(src.program(src.config(fields)), world)
+
+
+def test_plan_is_derived_from_the_ir_column_then_row_parallel():
+    plan = _plan("llama", "base", 2)
+    for i in range(2):
+        for name in ("wq", "wk", "wv", "gate", "up"):
+            lay = plan.params[f"layers.{i}.{name}"]
+            assert (lay.axis, lay.parts) == (0, 2), name
+        for name in ("wo", "down"):
+            lay = plan.params[f"layers.{i}.{name}"]
+            assert (lay.axis, lay.parts) == (1, 2), name
+        assert plan.params[f"layers.{i}.attn_norm"] is None
+    assert plan.params["embed"] is None and plan.params["lm_head"] is None
+    kv = plan.states["kv"]
+    assert (kv.axis, kv.parts) == (3, 2)  # [layers, 2, B, n_kv, N, head_dim]: the KV heads
+
+
+def test_plan_gpt2_splits_its_fused_free_projections_and_biases():
+    plan = _plan("gpt2", "base", 2)
+    assert (plan.params["layers.0.bq"].axis, plan.params["layers.0.b_fc"].axis) == (0, 0)
+    assert plan.params["layers.0.w_proj"].axis == 1
+    assert plan.params["layers.0.b_proj"] is None  # added once, after the all_reduce
+    assert plan.params["wte"] is None  # the embedding and tied head stay whole
+
+
+def test_local_program_inserts_one_all_reduce_per_row_parallel_linear():
+    plan = _plan("llama", "base", 2)
+    local = local_program(plan, rank=1)
+    graph = local.graphs["decode"]
+    reduces = [n for n in graph.nodes if n.op == "all_reduce"]
+    assert len(reduces) == 2 * 2  # wo and down in each of 2 layers
+    assert [d.value for d in local.params["layers.0.wq"].shape] == [32, 64]
+    assert graph.states["kv"].type.shape[3].value == 1  # 2 KV heads / 2 ranks
+
+
+def test_kv_heads_fewer_than_ranks_are_shared_by_neighbouring_ranks():
+    plan = _plan("llama", "base", 4)  # 8 heads, 2 KV heads, 4 ranks
+    assert (plan.params["layers.0.wq"].parts, plan.params["layers.0.wk"].parts) == (4, 2)
+    assert plan.states["kv"].parts == 2
+
+
+@pytest.mark.parametrize(
+    "arch,variant,world,what",
+    [
+        ("llama", "mha", 3, "4 heads"),
+        ("llama", "tied", 4, "6 heads"),
+        ("llama", "tied", 3, "2 heads"),
+    ],
+)
+def test_heads_not_divisible_is_a_clear_error(arch, variant, world, what):
+    with pytest.raises(ShardingError, match=f"{what} do not split over {world} ranks"):
+        _plan(arch, variant, world)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tp-tiny")
+
+
+@pytest.fixture(scope="module")
+def tp_run(tiny_dir, tmp_path_factory):
+    """One two-rank run over every checkpoint and mode (one process group)."""
+    cks = [build_tiny(a, v, out_dir=tiny_dir) for a, v in CHECKPOINTS]
+    out = tmp_path_factory.mktemp("tp-out")
+    job = dict(checkpoints=[str(c) for c in cks], modes=MODES, new_tokens=NEW_TOKENS)
+    job["ids"] = probe_ids(160).tolist()  # within every tiny vocab
+    codes, reports, logs = run_ranks(2, out, job)
+    assert codes == [0, 0], "\n".join(logs)
+    return cks, out, reports, job
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("index", range(len(CHECKPOINTS)), ids=[f"{a}-{v}" for a, v in CHECKPOINTS])
+def test_two_ranks_match_one(tp_run, index, mode):
+    cks, out, reports, job = tp_run
+    ck = cks[index]
+    ids = torch.tensor(job["ids"])
+    single = linnet.torch.load(ck, dtype="f32", mode=mode)
+    want = single.forward(ids)
+    got = torch.load(out / f"{ck.name}-{mode}.pt")
+    assert got.shape == want.shape
+    bound = 1e-5 * float(want.abs().max())
+    assert_within(float((got - want).abs().max()), bound)
+    tokens = single.generate(ids, NEW_TOKENS).tolist()
+    ref = reference_greedy(ck, ids, NEW_TOKENS).tolist()
+    assert tokens == ref
+    for rank in (0, 1):
+        assert reports[rank]["runs"][f"{ck.name}:{mode}"]["tokens"] == tokens
+
+
+def test_each_rank_holds_its_share_of_the_weights(tp_run):
+    cks, out, reports, job = tp_run
+    for ck, (arch, variant) in zip(cks, CHECKPOINTS, strict=True):
+        full = linnet.torch.load(ck, dtype="f32")
+        plan = derive_plan(full.source.program(full.config), 2)
+        share = 0
+        for name, t in full.params.items():
+            lay = plan.params.get(name)
+            share += t.numel() // (lay.parts if lay is not None else 1)
+        for rank in (0, 1):
+            assert reports[rank]["param_elements"][ck.name] == share, (arch, variant)
+        assert share < sum(t.numel() for t in full.params.values())
+
+
+def test_bad_config_fails_on_every_rank(tiny_dir, tmp_path):
+    ck = build_tiny("llama", "mha", out_dir=tiny_dir)  # 4 heads over 3 ranks
+    job = dict(checkpoints=[str(ck)], modes=["interpret"], new_tokens=1, ids=[[1, 2]])
+    codes, reports, logs = run_ranks(3, tmp_path, job, timeout_s=300)
+    assert codes == [1, 1, 1], "\n".join(logs)
+    for r in reports:
+        assert "ShardingError" in r["error"] and "4 heads do not split over 3 ranks" in r["error"]
+
+
+def test_a_rank_that_dies_ends_the_others_with_an_error(tiny_dir, tmp_path):
+    ck = build_tiny("llama", "base", out_dir=tiny_dir)
+    job = dict(checkpoints=[str(ck)], modes=["interpret"], new_tokens=1, ids=[[1, 2]])
+    job["die_rank"] = 1
+    codes, reports, logs = run_ranks(2, tmp_path, job, timeout_s=300, tp_timeout_s=20)
+    assert codes[1] == 3 and reports[1] is None  # died without a word
+    assert codes[0] == 1, "\n".join(logs)
+    assert reports[0]["error"], reports[0]
+
+
+def test_torchrun_linnet_run_tensor_parallel(tiny_dir, tmp_path):
+    from tests.tiny_tokenizer import add_tiny_tokenizer
+
+    ck = tmp_path / "llama"
+    shutil.copytree(build_tiny("llama", "base", out_dir=tiny_dir), ck)
+    add_tiny_tokenizer(ck)
+    args = [
+        "-m",
+        "linnet",
+        "run",
+        str(ck),
+        "--no-chat",
+        "--prompt",
+        "w5 w9 w11",
+        "--max-new-tokens",
+        "5",
+        "--dtype",
+        "f32",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", LINNET_TP_TIMEOUT="60")
+    one = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert one.returncode == 0, one.stderr
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_port()),
+        *args,
+        "--tensor-parallel",
+        "2",
+    ]
+    two = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.strip() == one.stdout.strip() and one.stdout.strip()
+
+
+def _port() -> int:
+    from tests.parallel.launch import free_port
+
+    return free_port()
