@@ -69,6 +69,12 @@ class JaxModel(SourceModel):
         self.state.update(states)
         return outputs[0]
 
+    def _new_state(self, name: str, shape, dtype: str) -> None:
+        super()._new_state(name, shape, dtype)
+        sharding = getattr(self, "state_shardings", {}).get(name)  # mesh=: docs/parallel.md
+        if sharding is not None:
+            self.state[name] = jax.device_put(self.state[name], sharding)
+
     def _check_guards(self, name: str, inputs: list, dim_values: dict) -> None:
         """The source's `require`s, on the host."""
         entry = self.runner.entries[name]
@@ -105,6 +111,7 @@ def load(
     numerics: str = "equivalent",
     max_positions: int | None = None,
     from_stablehlo=None,
+    mesh=None,
 ) -> JaxModel:
     """A local HF checkpoint folder (config.json + safetensors) or a `.gguf` file as a
     Linnet model on JAX.
@@ -116,17 +123,29 @@ def load(
     from_stablehlo: run serialized exports (`linnet stablehlo`) instead of tracing the
         generated code: a file (one entry), a folder of `*.exported` files, or a dict
         entry -> path. The export fixes numerics and the config (max_positions included).
+    mesh: a `jax.sharding.Mesh` with an axis "tp": tensor parallel, params and cache
+        sharded by the plan derived from the source, collectives left to XLA
+        (docs/parallel.md).
     """
     ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions)  # folder or .gguf
     source, config, hf_config = ck.source, ck.config, ck.hf_config
     params = ck.numpy_params()
+    program = source.program(config)
+    if mesh is not None:
+        from linnet.shard import jax_tp
+
+        plan = jax_tp.mesh_plan(program, mesh)
+        params = jax_tp.place_params(params, plan, mesh)
     if from_stablehlo is not None:
         from linnet.stablehlo import load_exports
 
-        runner = ExportRunner(source.program(config), load_exports(from_stablehlo))
+        runner = ExportRunner(program, load_exports(from_stablehlo))
     else:
-        runner = JitRunner(source.program(config), numerics)
+        runner = JitRunner(program, numerics)
     model = JaxModel(source, config, params, runner, hf_config=hf_config)
+    if mesh is not None:
+        model.state_shardings = jax_tp.state_shardings(program, plan, mesh)
+        model.shard_plan = plan
     model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if from_stablehlo is not None:
         from linnet.stablehlo import check_fits

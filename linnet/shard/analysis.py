@@ -157,23 +157,20 @@ def _prod(dims) -> Poly:
 
 
 def _reshape_axis(src, dst, axis: int) -> int | None:
-    """The axis of `dst` whose outer part is `src[axis]` (kept, split or merged), or None."""
-    prefix = _prod(src[:axis])
-    starts = [
-        k
-        for k in range(len(dst))
-        if _prod(dst[:k]) == prefix and Poly.lift(dst[k]) != Poly.const(1)
-    ]
-    if not starts:
-        return None
-    j = starts[0]
-    size, out = Poly.lift(src[axis]), Poly.lift(dst[j])
-    if out == size:
-        return j
-    if any(_prod(dst[j:k]) == size for k in range(j + 2, len(dst) + 1)):
-        return j  # split: the heads are the outer factor
-    if any(_prod(src[axis:k]) == out for k in range(axis + 2, len(src) + 1)):
-        return j  # merged with the axes after it
+    """The axis of `dst` whose outer part is `src[axis]` (kept, split or merged), or None.
+    Among the axes after the same prefix (size-1 axes make several), the first that fits:
+    [B, S, 16] -> [B, S, 1, 16] puts a 16-wide split on the one head, not on its 16 dims."""
+    prefix, size = _prod(src[:axis]), Poly.lift(src[axis])
+    for j in range(len(dst)):
+        if _prod(dst[:j]) != prefix:
+            continue
+        out = Poly.lift(dst[j])
+        if out == size:
+            return j
+        if any(_prod(dst[j:k]) == size for k in range(j + 2, len(dst) + 1)):
+            return j  # split: the heads are the outer factor
+        if any(_prod(src[axis:k]) == out for k in range(axis + 2, len(src) + 1)):
+            return j  # merged with the axes after it
     return None
 
 

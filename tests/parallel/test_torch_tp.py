@@ -25,14 +25,9 @@ from linnet.shard.rewrite import local_program
 from linnet.source import Source
 from tests import tiny_decoders
 from tests.numeric import assert_within
+from tests.parallel import variants  # noqa: F401  (the one-KV-head variant)
 from tests.parallel.launch import run_ranks
 from tests.tiny_decoders import build_tiny, probe_ids, reference_greedy
-
-# KV heads fewer than ranks: 4 query heads over one KV head, each rank holds that head.
-tiny_decoders.TINY_CONFIGS[("LlamaForCausalLM", "kv1")] = dict(
-    tiny_decoders._LLAMA, n_heads=4, n_kv=1
-)
-tiny_decoders.TINY_EDGES[("LlamaForCausalLM", "kv1")] = "one KV head (fewer than 2 ranks)"
 
 CHECKPOINTS = [
     ("llama", "base"),  # GQA 8 heads / 2 KV: both split
@@ -90,6 +85,13 @@ def test_kv_heads_fewer_than_ranks_are_shared_by_neighbouring_ranks():
     plan = _plan("llama", "base", 4)  # 8 heads, 2 KV heads, 4 ranks
     assert (plan.params["layers.0.wq"].parts, plan.params["layers.0.wk"].parts) == (4, 2)
     assert plan.states["kv"].parts == 2
+
+
+def test_one_kv_head_over_two_ranks_keeps_attention_split():
+    plan = _plan("llama", "kv1", 2)  # 4 heads, 1 KV head
+    assert plan.params["layers.0.wq"].parts == 2  # query heads split
+    assert plan.params["layers.0.wk"].parts == 1  # the KV head: one block, on both ranks
+    assert (plan.params["layers.0.wo"].axis, plan.params["layers.0.wo"].parts) == (1, 2)
 
 
 @pytest.mark.parametrize(
@@ -219,3 +221,22 @@ def _port() -> int:
     from tests.parallel.launch import free_port
 
     return free_port()
+
+
+def test_smollm2_real_weights_over_three_ranks(smollm2_checkpoint, tmp_path):
+    """SmolLM2-135M: 9 heads and 3 KV heads split over 3 ranks (2 do not divide them)."""
+    ids = [[1, 504, 3458, 282, 4649, 314, 2114, 30, 378, 3458, 282, 6398, 314]]
+    job = dict(checkpoints=[str(smollm2_checkpoint)], modes=["generated"], ids=ids)
+    job["new_tokens"] = NEW_TOKENS
+    codes, reports, logs = run_ranks(3, tmp_path, job, timeout_s=1200)
+    assert codes == [0, 0, 0], "\n".join(logs)
+    single = linnet.torch.load(smollm2_checkpoint, dtype="f32", mode="generated")
+    want = single.forward(torch.tensor(ids))
+    got = torch.load(tmp_path / f"{smollm2_checkpoint.name}-generated.pt")
+    assert_within(float((got - want).abs().max()), 1e-5 * float(want.abs().max()))
+    tokens = reference_greedy(smollm2_checkpoint, torch.tensor(ids), NEW_TOKENS).tolist()
+    assert single.generate(torch.tensor(ids), NEW_TOKENS).tolist() == tokens
+    key = f"{smollm2_checkpoint.name}:generated"
+    assert all(r["runs"][key]["tokens"] == tokens for r in reports)
+    with pytest.raises(ShardingError, match="9 heads do not split over 2 ranks"):
+        derive_plan(single.source.program(single.config), 2)
