@@ -38,6 +38,7 @@ class ShardPlan:
     states: dict[str, Split | None]
     layouts: dict[str, dict]  # entry -> value -> layout
     row_parallel: dict[str, set]  # entry -> ids of the linears followed by an all_reduce
+    # an entry's outputs that are split (a vocab-parallel lm_head) end in an all_gather
     whole_linears: set[str] = field(default_factory=set)  # tried split, kept whole
     program: Program | None = None  # what it was derived from (layouts key its values)
 
@@ -124,8 +125,11 @@ class _Walker:
             out = self.node(node, lay)
             if node.output is not None:
                 lay[node.output] = out
-        for v in graph.outputs:
-            if lay[v] is not None:
+        for v in graph.outputs:  # gathered whole at the end (a vocab-parallel lm_head)
+            size = v.type.shape[lay[v].axis] if lay[v] is not None else None
+            if size is not None and (
+                lay[v].parts != self.world or not size.is_const or size.value % self.world
+            ):
                 self.conflict(lay[v].seeds, "an entry's output must be whole")
         for name, v in graph.state_outputs.items():
             want = self.states.get(name)

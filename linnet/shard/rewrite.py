@@ -84,6 +84,9 @@ def _local_graph(graph: Graph, plan: ShardPlan, entry: str) -> Graph:
             result = b.add(node.op, ins, where=node.where, **_local_attrs(node, lay))
         if node.output is not None:
             mapping[node.output] = result
+    for v in graph.outputs:  # split to the end (the logits of a vocab-parallel lm_head)
+        if lay.get(v) is not None:
+            mapping[v] = b.add("all_gather", [mapping[v]], axis=lay[v].axis, world=plan.world)
     local = finish(graph, out, mapping)
     verify(local)
     return local

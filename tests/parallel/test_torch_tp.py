@@ -58,7 +58,9 @@ def test_plan_is_derived_from_the_ir_column_then_row_parallel():
             lay = plan.params[f"layers.{i}.{name}"]
             assert (lay.axis, lay.parts) == (1, 2), name
         assert plan.params[f"layers.{i}.attn_norm"] is None
-    assert plan.params["embed"] is None and plan.params["lm_head"] is None
+    assert plan.params["embed"] is None  # a gather from it: whole
+    head = plan.params["lm_head"]  # vocab-parallel: its logits are gathered at the end
+    assert (head.axis, head.parts) == (0, 2)
     kv = plan.states["kv"]
     assert (kv.axis, kv.parts) == (3, 2)  # [layers, 2, B, n_kv, N, head_dim]: the KV heads
 
@@ -77,6 +79,9 @@ def test_local_program_inserts_one_all_reduce_per_row_parallel_linear():
     graph = local.graphs["decode"]
     reduces = [n for n in graph.nodes if n.op == "all_reduce"]
     assert len(reduces) == 2 * 2  # wo and down in each of 2 layers
+    last = graph.nodes[-1]  # the vocab-parallel logits, gathered whole
+    assert last.op == "all_gather" and last.output is graph.outputs[0]
+    assert local.params["lm_head"].shape[0].value == 128  # 256 vocab rows / 2
     assert [d.value for d in local.params["layers.0.wq"].shape] == [32, 64]
     assert graph.states["kv"].type.shape[3].value == 1  # 2 KV heads / 2 ranks
 
