@@ -245,3 +245,12 @@ def test_smollm2_real_weights_over_three_ranks(smollm2_checkpoint, tmp_path):
     assert all(r["runs"][key]["tokens"] == tokens for r in reports)
     with pytest.raises(ShardingError, match="9 heads do not split over 2 ranks"):
         derive_plan(single.source.program(single.config), 2)
+
+
+def test_onnx_refuses_a_rank_program_clearly():
+    from linnet.backends.onnx.graph import prepare, to_model
+    from linnet.errors import UnsupportedArchitecture
+
+    local = local_program(_plan("llama", "base", 2), rank=0)
+    with pytest.raises(UnsupportedArchitecture, match="ONNX has no collectives"):
+        to_model(prepare(local, "forward"), [], {})
