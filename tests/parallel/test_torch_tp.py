@@ -254,3 +254,21 @@ def test_onnx_refuses_a_rank_program_clearly():
     local = local_program(_plan("llama", "base", 2), rank=0)
     with pytest.raises(UnsupportedArchitecture, match="ONNX has no collectives"):
         to_model(prepare(local, "forward"), [], {})
+
+
+def test_a_rank_reads_split_tensors_as_slices_not_whole(tiny_dir):
+    from linnet.shard.load import rank_params
+    from linnet.weights.planning import plan_checkpoint
+
+    plan, source, config, _ = plan_checkpoint(build_tiny("llama", "base", out_dir=tiny_dir))
+    shard = derive_plan(source.program(config), 2)
+    read_whole = []
+    full_read = plan.checkpoint.read
+    plan.checkpoint.read = lambda name: read_whole.append(name) or full_read(name)
+    got = dict(rank_params(plan, shard.params, 1, 2, torch.float32))
+    split = {r.hf for r in plan.rows if r.loads and shard.params.get(r.params[0]) is not None}
+    assert split and not split & set(read_whole)  # every split tensor came from get_slice
+    assert set(read_whole) == {r.hf for r in plan.rows if r.loads} - split
+    whole = dict(plan.load(torch.float32))
+    torch.testing.assert_close(got["layers.1.wq"], whole["layers.1.wq"][32:])  # rank 1's rows
+    torch.testing.assert_close(got["layers.1.down"], whole["layers.1.down"][:, 64:])
