@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -67,10 +68,11 @@ def worker(ckpt: str, tokens: int, threads: int, world: int) -> None:
         steps.append(time.perf_counter() - t)
         at += 1
     params = sum(t.numel() * t.element_size() for t in model.params.values())
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     if getattr(model, "rank", 0) == 0:
         print(json.dumps({"load_s": load_s, "step_ms_median": 1e3 * statistics.median(steps),
                           "step_ms_all": [round(1e3 * s, 2) for s in steps],
-                          "param_bytes_rank0": params}))  # fmt: skip
+                          "param_bytes_rank0": params, "peak_rss_mb_rank0": peak_mb}))  # fmt: skip
 
 
 def launch(ckpt: Path, tokens: int, world: int) -> dict:
@@ -108,7 +110,8 @@ def main() -> None:
     for row in record["rows"]:
         mb = row["param_bytes_rank0"] / 1e6
         print(f"tp {row['processes']} x {row['threads_each']} thread(s): "
-              f"{row['step_ms_median']:.1f} ms/token, rank 0 params {mb:.0f} MB")  # fmt: skip
+              f"{row['step_ms_median']:.1f} ms/token, rank 0 params {mb:.0f} MB, "
+              f"peak RSS {row['peak_rss_mb_rank0']:.0f} MB")  # fmt: skip
 
 
 if __name__ == "__main__":
