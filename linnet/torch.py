@@ -43,7 +43,7 @@ def load(
     tensor_parallel: N ranks, one process each under torchrun: this rank's share of the
         model, collectives over torch.distributed (docs/parallel.md).
     """
-    if tensor_parallel is not None:
+    if tensor_parallel not in (None, 1):  # 1: the whole model, no process group
         from linnet.shard.torch_tp import load_tensor_parallel
 
         return load_tensor_parallel(
