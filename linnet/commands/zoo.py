@@ -76,6 +76,20 @@ def list_(results: str | None) -> None:
     )
 
 
+#: `zoo show` for the kinds whose gates make their own inputs (no tokenizer, or one unused).
+_NO_TOKENIZER = {
+    "vision": "none: pixels are preprocessed outside the model",
+    "image-decoder": "none: latents in, an image out",
+    "speech": "optional: the gate feeds audio it makes and generation_config.json's start tokens",
+}
+_MADE_INPUTS = {
+    "vision": "random pixels (images)",
+    "speech": "audio the gate makes (tones, a chirp, noise)",
+    "image-text": "random pixels and token ids",
+    "image-decoder": "random latents",
+}
+
+
 @zoo.command()
 @click.argument("name")
 def show(name: str) -> None:
@@ -99,8 +113,8 @@ def show(name: str) -> None:
             f"weights map   weights_maps/{m.path.name} (with the config translation)",
             "tokenizer     "
             + (
-                "none: pixels are preprocessed outside the model"
-                if e.kind == "vision"
+                _NO_TOKENIZER[e.kind]
+                if e.kind in _NO_TOKENIZER
                 else "the repo's own (transformers AutoTokenizer"
                 + (", chat template)" if e.chat else ")")
             ),
@@ -108,7 +122,7 @@ def show(name: str) -> None:
             f"parameters    {e.params}",
             f"backends      {', '.join(e.backends)}",
             "prompts       "
-            + ("\n              ".join(repr(p) for p in e.prompts) or "random pixels (images)"),
+            + ("\n              ".join(repr(p) for p in e.prompts) or _MADE_INPUTS[e.kind]),
             "tolerances    "
             + ("" if e.own_tolerances else "(the registry's defaults) ")
             + "\n              ".join(

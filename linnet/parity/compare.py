@@ -11,6 +11,13 @@ from linnet.errors import LinnetError
 from linnet.parity.report import OutputFigures
 from linnet.zoo.registry import Tolerance
 
+#: What `top1` counts, by output (else a classifier's top-1 class).
+DIFFERS = {
+    "greedy": "the greedy tokens' sequence",
+    "first": "the first token",
+    "logits": "the best text for an image",
+}
+
 
 def nonfinite(got, want) -> list[str]:
     """What is not a number in two torch tensors, said plainly (NaN also fails the bounds, but
@@ -41,7 +48,8 @@ def judge(f: OutputFigures, tolerance: Tolerance, problems=()) -> OutputFigures:
         why.append("cosine is NaN" if f.cosine != f.cosine else
                    f"cosine {f.cosine:.8f} < {tolerance.cosine:g}")  # fmt: skip
     if f.top1 is not None and f.top1 < f.rows:
-        why.append(f"top-1 class differs in {f.rows - f.top1} of {f.rows} rows")
+        why.append(f"{DIFFERS.get(f.output, 'top-1 class')} differs in "
+                   f"{f.rows - f.top1} of {f.rows} rows")  # fmt: skip
     f.passed, f.why = not why, "; ".join(why)
     return f
 

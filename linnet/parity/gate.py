@@ -5,7 +5,9 @@
 
 The kind (the entry's `kind`, or what the checkpoint's source has) picks the measure:
 decoders on prompts (linnet.parity.decoder), encoders on one padded batch of sentences
-(linnet.parity.encoder), vision models on random pixels (linnet.parity.vision).
+(linnet.parity.encoder), vision models on random pixels (linnet.parity.vision), speech on
+audio it makes (linnet.parity.speech), image-text models on random pixels and token ids and
+image decoders on random latents (linnet.parity.images).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from pathlib import Path
 from linnet.errors import LinnetError
 from linnet.parity.decoder import measure_decoder
 from linnet.parity.encoder import measure_encoder, pad_batch
+from linnet.parity.images import measure_image_decoder, measure_image_text
 from linnet.parity.models import BACKENDS, checkpoint_kind, load_linnet, load_reference
 from linnet.parity.prompts import encode_prompts, load_tokenizer
 from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
+from linnet.parity.speech import check_speech_folder, measure_speech
 from linnet.parity.vision import measure_vision, random_pixels
-from linnet.zoo.registry import Entry, Tolerance
+from linnet.zoo.registry import PROMPTLESS, Entry, Tolerance
 
 #: Greedy tokens of Linnet's answer a record keeps per text prompt (the site's samples).
 SAMPLE_TOKENS = 24
@@ -165,9 +169,14 @@ class Gate:
         )
 
     def run(self, prompts, ids, chat) -> list:
-        """The figures of this kind: vision on random pixels, the others on prompts."""
-        if self.kind == "vision":
-            return self.vision()
+        """The figures of this kind: decoders and encoders on prompts, the others on inputs
+        the gate makes (pixels, audio, token ids, latents)."""
+        if self.kind in PROMPTLESS:
+            if prompts or ids is not None:
+                raise LinnetError(
+                    f"a {self.kind} model's gate makes its own inputs: it takes no prompts"
+                )
+            return getattr(self, self.kind.replace("-", "_"))()
         if ids is None:
             prompts, ids = self.tokenize(prompts, chat)
         else:
@@ -226,3 +235,25 @@ class Gate:
         model, reference = self.linnet(), self.reference()
         entries = source.entries_for(config)
         return measure_vision(model, reference, pixels, self.tolerance, entries)
+
+    def speech(self) -> list[OutputFigures]:
+        from linnet.weights.planning import plan_checkpoint
+
+        check_speech_folder(self.folder)  # before loading anything: fail on what is missing
+        _, _, config, hf_config = plan_checkpoint(self.path)
+        model, reference = self.linnet(), self.reference()
+        return measure_speech(model, reference, self.folder, hf_config, config, self.tolerance)
+
+    def image_text(self) -> list[OutputFigures]:
+        from linnet.weights.planning import plan_checkpoint
+
+        config = plan_checkpoint(self.path)[2]
+        model, reference = self.linnet(), self.reference()
+        return measure_image_text(model, reference, config, self.tolerance)
+
+    def image_decoder(self) -> list[OutputFigures]:
+        from linnet.weights.planning import plan_checkpoint
+
+        config = plan_checkpoint(self.path)[2]
+        model, reference = self.linnet(), self.reference()
+        return measure_image_decoder(model, reference, config, self.tolerance)

@@ -23,16 +23,22 @@ BACKENDS = ("torch", "jax", "onnx")
 
 
 def checkpoint_kind(path: Path) -> str:
-    """decoder, encoder or vision: what the checkpoint's source has (`decode`, `embed`,
-    else an image model). Reads the config and headers only."""
+    """What the checkpoint's source has: `encode` and `decode` (speech), `decode` with a
+    cache (decoder) or without (image-decoder), `embed` (encoder), `embed_text` (image-text),
+    else an image model (vision). Reads the config and headers only."""
     from linnet.weights.planning import plan_checkpoint
 
     if path.suffix == ".gguf":
         return "decoder"
     _, source, _, _ = plan_checkpoint(path)
-    if "decode" in source.entries:
-        return "decoder"
-    return "encoder" if "embed" in source.entries else "vision"
+    entries = source.entries
+    if "decode" in entries:
+        if "encode" in entries:
+            return "speech"
+        return "decoder" if source.module.states else "image-decoder"
+    if "embed" in entries:
+        return "encoder"
+    return "image-text" if "embed_text" in entries else "vision"
 
 
 def load_linnet(
@@ -88,10 +94,12 @@ def load_reference(
             "compare Linnet with"
         )
     cls = _reference_class(folder, entry, kind)
+    if kind == "image-decoder":  # diffusers: its own loading arguments, no attention choice
+        extra, torch_dtype = dict(torch_dtype=torch_dtype), None
+    else:
+        extra.update(dtype=torch_dtype, attn_implementation="eager")
     try:
-        model = cls.from_pretrained(
-            folder, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, **extra
-        )
+        model = cls.from_pretrained(folder, trust_remote_code=False, **extra)
     except (OSError, ValueError) as err:  # fail closed, naming the folder: no reference, no gate
         why = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         raise CheckpointError(f"{folder}: transformers cannot load the reference ({why})") from err
@@ -106,17 +114,38 @@ def load_reference(
 
 
 def _reference_class(folder: Path, entry: Entry | None, kind: str):
-    """The transformers class that loads the reference of this kind of model."""
+    """The transformers (image decoders: diffusers) class that loads the reference of this
+    kind of model."""
     import transformers
 
     if kind == "decoder":
         return transformers.AutoModelForCausalLM
     if kind == "encoder":
         return transformers.AutoModel
-    name = entry.reference_class if entry else _read_config(folder)["architectures"][0]
+    if kind == "image-decoder":
+        return _diffusers_class(folder, entry)
+    config = _read_config(folder) if entry is None else {}
+    name = entry.reference_class if entry else (config.get("architectures") or [None])[0]
     cls = getattr(transformers, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise CheckpointError(f"{folder}/config.json: {name!r} is no model class of transformers")
+    return cls
+
+
+def _diffusers_class(folder: Path, entry: Entry | None):
+    """diffusers' model class of an image decoder: the entry's, else config.json's
+    `_class_name`; diffusers missing is a CheckpointError (no reference, no gate)."""
+    try:
+        import diffusers
+    except ImportError as err:
+        raise CheckpointError(
+            f"{folder}: the image-decoder gate compares with diffusers, which is not "
+            "installed (pip install 'linnet[diffusion]')"
+        ) from err
+    name = entry.reference_class if entry else _read_config(folder).get("_class_name")
+    cls = getattr(diffusers, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):
+        raise CheckpointError(f"{folder}/config.json: {name!r} is no model class of diffusers")
     return cls
 
 

@@ -17,9 +17,19 @@ def format_table(report: Report) -> str:
         f"\nparity {verdict}: {name}, {report.backend} {report.dtype} on {report.device} "
         f"({report.weights} weights); tolerance {report.tolerance.text()}"
     )
-    if report.kind == "vision":
-        lines.append("input: deterministic random pixels (no image files offline)")
+    if report.kind in INPUTS:
+        lines.append(f"input: {INPUTS[report.kind]}")
     return "\n".join(lines)
+
+
+#: What the gate fed each kind that makes its own inputs.
+INPUTS = {
+    "vision": "deterministic random pixels (no image files offline)",
+    "speech": "audio the gate makes (tones, a chirp, noise; seed 0) through Linnet's log-mel "
+    "front end; the start tokens of generation_config.json",
+    "image-text": "deterministic random pixels and token ids (seed 0)",
+    "image-decoder": "deterministic random latents (seed 0)",
+}
 
 
 def _short(text: str, width: int = 28) -> str:
@@ -46,8 +56,8 @@ def _decoder_rows(report: Report) -> list[str]:
 
 
 def _output_rows(report: Report) -> list[str]:
-    """Encoders and vision: one line per input and output."""
-    first = "input" if report.kind == "vision" else "prompt"
+    """Encoders and the kinds with made inputs: one line per input and output."""
+    first = "input" if report.kind in INPUTS else "prompt"
     head = f"{first:<28} {'output':<8} {'tokens':>6} {'max |Δ|':>9} {'rel':>9} {'cosine':>10} "
     lines = [head + f"{'top-1':>5}  result"]
     for f in report.figures:

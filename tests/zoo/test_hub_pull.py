@@ -416,7 +416,7 @@ def test_cli_pull_then_offline(env, hub):
         (("test-org/misfit",), 1, MISFIT_TENSOR),
         (("test-org/corrupt",), 5, "content does not match the Hub"),
         (("no-such-model",), 1, "is not a zoo entry"),
-        (("whisper-tiny",), 1, "planned, not ready"),
+        (("sam-vit-base",), 1, "planned, not ready"),
     ],
 )
 def test_cli_pull_errors(env, args, code, message):

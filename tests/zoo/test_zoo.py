@@ -9,6 +9,7 @@ import math
 import pytest
 from click.testing import CliRunner
 from linnet.zoo.registry import (
+    PROMPTLESS,
     SHAPE_FIELDS,
     UnknownEntry,
     read_revisions,
@@ -27,9 +28,14 @@ smollm2-1.7b-instruct smollm2-135m-instruct tinyllama-1.1b-chat qwen2.5-0.5b-ins
 gpt2 gpt-oss-20b""".split()
 ENCODERS = ["all-minilm-l6-v2", "bert-base-uncased", "roberta-base", "modernbert-base"]
 VISION = ["resnet-18", "resnet-50", "vit-base-16-224", "dinov2-base"]
-PLANNED = """sam-vit-base siglip-base-16-224 whisper-tiny whisper-large-v3
-sd-vae-ft-mse sdxl-base-unet""".split()
-PROMISED = DECODERS + ENCODERS + VISION + PLANNED
+#: kind -> entries of the kinds whose gates make their own inputs (audio, pixels and ids, latents)
+MADE_INPUTS = {
+    "speech": ["whisper-tiny", "whisper-large-v3"],
+    "image-text": ["siglip-base-16-224"],
+    "image-decoder": ["sd-vae-ft-mse"],
+}
+PLANNED = ["sam-vit-base", "sdxl-base-unet"]
+PROMISED = DECODERS + ENCODERS + VISION + sum(MADE_INPUTS.values(), []) + PLANNED
 
 READY = registry().ready()
 
@@ -41,6 +47,8 @@ def test_every_promised_entry_is_listed_with_its_status():
     assert set(DECODERS) <= {e.name for e in reg.decoders()}
     assert set(ENCODERS) <= {e.name for e in reg.of_kind("encoder")}
     assert set(VISION) <= {e.name for e in reg.of_kind("vision")}
+    for kind, names in MADE_INPUTS.items():
+        assert set(names) <= {e.name for e in reg.of_kind(kind)}, kind
     assert set(PLANNED) <= {e.name for e in reg.planned()}
     assert all(e.needs for e in reg.planned())
     assert reg.get("llama-3.1-8b-instruct").name == "llama-3.1-8b"
@@ -59,7 +67,7 @@ def _source_config(entry):
 
 @pytest.mark.parametrize("entry", READY, ids=lambda e: e.name)
 def test_ready_entry_fits_its_source_and_claims_the_right_size(entry):
-    import transformers
+    import importlib
 
     source, config = _source_config(entry)
     layout = source.params(config)
@@ -68,9 +76,10 @@ def test_ready_entry_fits_its_source_and_claims_the_right_size(entry):
         count += 1024 * 768 - 64 * 768  # learned positions: the source holds max_positions rows
     claimed = float(entry.params[:-1]) * {"M": 1e6, "B": 1e9}[entry.params[-1]]
     assert abs(count - claimed) / claimed < 0.03, f"{entry.name}: {count:,} params"
-    assert getattr(transformers, entry.reference_class).__name__ == entry.reference_class
+    module = importlib.import_module(entry.reference.rpartition(".")[0])  # transformers, diffusers
+    assert getattr(module, entry.reference_class).__name__ == entry.reference_class
     assert entry.license and entry.backends == ("torch", "jax", "onnx")
-    assert bool(entry.prompts) == (entry.kind != "vision")  # vision: random pixels
+    assert bool(entry.prompts) == (entry.kind not in PROMPTLESS)  # the others make their inputs
     if entry.kind != "decoder":  # measured in f32 on every backend
         for backend in entry.backends:
             tol = entry.tolerance(backend, "f32")
@@ -130,7 +139,7 @@ def test_scaled_config_keeps_the_code_path(entry):
 def test_scaled_config_keeps_the_structure(entry):
     """Encoders and vision: what decides the code path survives the scaling."""
     small, big = scaled_config(entry), entry.config
-    assert small["architectures"] == [entry.architecture]
+    assert (small.get("architectures") or [small.get("_class_name")]) == [entry.architecture]
     for key in ("layer_norm_eps", "type_vocab_size", "qkv_bias", "hidden_act",
                 "mlp_ratio", "layerscale_value", "layer_type", "use_swiglu_ffn",
                 "downsample_in_first_stage"):  # fmt: skip
@@ -153,6 +162,32 @@ def test_scaled_config_keeps_the_structure(entry):
         assert small["local_attention"] < 12  # shorter than parity CI's longest sentence
         for key in ("global_rope_theta", "local_rope_theta", "norm_eps"):
             assert small[key] == big[key]
+
+
+def test_scaled_configs_of_the_made_input_kinds_fit_their_references():
+    """Whisper: mel bins kept, a whole-second window, special ids in the vocab; SigLIP: the
+    towers' widths equal (logits need it); the VAE: four blocks, widths the groups divide.
+    Each is what transformers or diffusers builds."""
+    import diffusers
+    from linnet.zoo.scaled import speech_rules
+    from transformers import AutoConfig
+
+    for name in MADE_INPUTS["speech"]:
+        small, big = scaled_config(registry().get(name)), registry().get(name).config
+        assert small["num_mel_bins"] == big["num_mel_bins"] and small["encoder_layers"] == 2
+        assert 2 * small["max_source_positions"] * 160 % 16000 == 0  # hop 160 at 16 kHz
+        rules = speech_rules()
+        ids = [*rules["lang_to_id"].values(), *rules["task_to_id"].values()]
+        ids += [rules["no_timestamps_token_id"], small["decoder_start_token_id"]]
+        assert all(0 <= i < small["vocab_size"] for i in ids + small["begin_suppress_tokens"])
+        AutoConfig.for_model(small.pop("model_type"), **small)
+    small = scaled_config(registry().get("siglip-base-16-224"))
+    assert small["text_config"]["hidden_size"] == small["vision_config"]["hidden_size"]
+    assert small["vision_config"]["image_size"] == 4 * small["vision_config"]["patch_size"]
+    small = scaled_config(registry().get("sd-vae-ft-mse"))
+    widths = small["block_out_channels"]
+    assert len(widths) == 4 and all(w % small["norm_num_groups"] == 0 for w in widths)
+    diffusers.AutoencoderKL(**{k: v for k, v in small.items() if not k.startswith("_")})
 
 
 def test_unknown_names_suggest_close_ones():
@@ -185,7 +220,8 @@ def test_zoo_list_shows_every_entry_its_status_and_parity(tmp_path):
     assert "real: bf16 ✕; tiny: f32 ✓" in lines["gpt2"] and "unpinned" not in lines["gpt2"]
     assert "unpinned" in lines["seed-oss-36b-instruct"]  # no known revision
     assert "a91318be21ae" in lines["smollm2-135m-instruct"]
-    assert "planned: needs" in lines["whisper-tiny"]
+    assert "planned: needs" in lines["sam-vit-base"]
+    assert lines["whisper-tiny"].split()[1] == "speech" and "planned" not in lines["whisper-tiny"]
     ready, planned = len(READY), len(registry().planned())
     assert f"{ready} ready" in done.output and f"{planned} planned" in done.output
     assert lines["resnet-50"].split()[1] == "vision" and lines["gpt2"].split()[1] == "decoder"

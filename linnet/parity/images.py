@@ -1,0 +1,88 @@
+"""Image-text (SigLIP) and image decoders (a VAE's decoder): inputs the gate makes itself.
+
+    figures = measure_image_text(model, reference, config, tolerance)
+    figures = measure_image_decoder(model, reference, config, tolerance)
+
+* image-text: 2 images of deterministic random pixels (N(0, 1), seed 0, the config's size)
+  and 3 texts of deterministic random token ids (seed 0) of the text tower's full length (as
+  SigLIP's processor pads them); `embed_image`, `embed_text` against transformers'
+  `get_image_features`, `get_text_features`, and `logits` against `logits_per_image`, with
+  the same best text for every image;
+* image-decoder: 2 latents of N(0, 1) (seed 0) of LATENT_SIZE; `decode` against diffusers'
+  `decode(latents).sample`.
+"""
+
+from __future__ import annotations
+
+from linnet.parity.compare import compare
+from linnet.parity.report import OutputFigures
+from linnet.parity.vision import random_pixels
+
+TEXTS = 3
+#: The latents' height and width (the image is 8x): small, not square (a transposed image
+#: fails), and the same for tiny and real checkpoints.
+LATENT_SIZE = (6, 8)
+
+
+def random_texts(config: dict, count: int = TEXTS, seed: int = 0):
+    """Deterministic random token ids [count, text_positions] inside the vocab."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config["vocab"], (count, config["text_positions"]), generator=g)
+
+
+def reference_image_text(reference, pixels, ids) -> dict:
+    """transformers' SiglipModel outputs per Linnet entry."""
+    import torch
+
+    def pooled(out):  # transformers 5 returns a model output, 4 a tensor
+        return getattr(out, "pooler_output", out)
+
+    with torch.no_grad():
+        return {
+            "embed_image": pooled(reference.get_image_features(pixel_values=pixels)),
+            "embed_text": pooled(reference.get_text_features(input_ids=ids)),
+            "logits": reference(input_ids=ids, pixel_values=pixels).logits_per_image,
+        }
+
+
+def measure_image_text(model, reference, config: dict, tolerance) -> list[OutputFigures]:
+    """embed_image, embed_text and logits (with the best text per image) on made inputs."""
+    import numpy as np
+    import torch
+
+    pixels, ids = random_pixels(config), random_texts(config)
+    refs = reference_image_text(reference, pixels, ids)
+    label = f"random pixels {list(pixels.shape)}, ids {list(ids.shape)}, seed 0"
+    args = {"embed_image": (pixels,), "embed_text": (ids,), "logits": (pixels, ids)}
+    out = []
+    for name, want in refs.items():
+        got = torch.tensor(np.asarray(model.run(name, *args[name]))).float()
+        extra = dict(tokens=int(ids.shape[1]) if name != "embed_image" else 0)
+        if name == "logits":
+            extra.update(
+                rows=int(got.shape[0]), top1=int((got.argmax(-1) == want.argmax(-1)).sum())
+            )
+        out.append(compare(got, want, label, name, tolerance, **extra))
+    return out
+
+
+def random_latents(config: dict, batch: int = 2, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, config["latent_channels"], *LATENT_SIZE, generator=g)
+
+
+def measure_image_decoder(model, reference, config: dict, tolerance) -> list[OutputFigures]:
+    """`decode` of seeded latents against diffusers' decode(latents).sample."""
+    import numpy as np
+    import torch
+
+    latents = random_latents(config)
+    with torch.no_grad():
+        want = reference.decode(latents).sample
+    got = np.asarray(model.run("decode", latents))
+    label = f"random latents {list(latents.shape)}, seed 0"
+    return [compare(got, want, label, "decode", tolerance, tokens=0, rows=int(latents.shape[0]))]
