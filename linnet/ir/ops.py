@@ -420,4 +420,4 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
 
 # Ops registered from their own modules: the image ops (convolution, pooling, batch and
 # group norm, nearest upsampling), the moe op, the 1-D signal ops (conv1d).
-from linnet.ir import ops_image, ops_moe, ops_signal  # noqa: E402, F401  (register into OPS)
+from linnet.ir import ops_image, ops_moe, ops_signal, ops_unet  # noqa: E402, F401  (register into OPS)
