@@ -257,6 +257,10 @@ def test_config_round_trips_through_the_map(built, name):
         (dict(up_block_types=[CROSS_UP, CROSS_UP, CROSS_UP]), "up_block_types"),
         (dict(addition_embed_type="text"), "addition_embed_type"),
         (dict(use_linear_projection=False), "use_linear_projection"),
+        (dict(class_embed_type="timestep"), "class_embed_type"),
+        (dict(only_cross_attention=True), "only_cross_attention"),
+        (dict(resnet_time_scale_shift="scale_shift"), "resnet_time_scale_shift"),
+        (dict(conv_in_kernel=5), "conv_in_kernel"),
     ],
 )
 def test_a_topology_the_source_lacks_is_refused(built, change, key):

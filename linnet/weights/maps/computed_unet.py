@@ -50,8 +50,37 @@ def _attention_levels(config: Mapping) -> list[bool]:
     return levels
 
 
+# Options SDXL leaves off (null or false) that the source has no way to compute.
+UNSET = (
+    "class_embed_type",
+    "num_class_embeds",
+    "encoder_hid_dim_type",
+    "time_cond_proj_dim",
+    "time_embedding_dim",
+    "time_embedding_act_fn",
+    "timestep_post_act",
+    "cross_attention_norm",
+    "only_cross_attention",
+    "dual_cross_attention",
+    "mid_block_only_cross_attention",
+    "center_input_sample",
+    "resnet_skip_time_act",
+    "class_embeddings_concat",
+)
+
+
+def _refuse_unset_options(config: Mapping) -> None:
+    for key in UNSET:
+        if config.get(key) not in (None, False):
+            raise ConfigError(
+                f"config.json: {key} = {config[key]!r} is not supported for "
+                "UNet2DConditionModel (zoo/unet.linnet has SDXL's options: null or false)"
+            )
+
+
 def _read_widths(config: Mapping, field_name: str) -> Any:
     """conv_in's width, each level's (block_out_channels), the mid block's (the last's)."""
+    _refuse_unset_options(config)
     widths = _ints(config, "block_out_channels", None)
     if config.get("layers_per_block", 2) != 2:
         raise ConfigError(
