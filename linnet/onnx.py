@@ -172,9 +172,10 @@ class OnnxModel(Model):
                 )
             want = [Poly.from_terms(terms) for terms in spec["shape"]]
             for dim, size in zip(want, shape):
-                if dim.as_atom() is not None:
-                    dims.setdefault(dim.as_atom(), int(size))
-                elif dim.eval(dims) != size:
+                scaled = dim.as_scaled_atom()  # D, or k * D: D = size / k where k divides
+                if scaled is not None and scaled[0] not in dims and size % scaled[1] == 0:
+                    dims[scaled[0]] = int(size) // scaled[1]
+                elif scaled is not None and scaled[0] not in dims or dim.eval(dims) != size:
                     raise LinnetError(
                         f"`{name}` must be {spec['dtype']}[{', '.join(map(str, want))}], "
                         f"got shape {tuple(shape)}"

@@ -410,6 +410,25 @@ def _from_tokens(cx, x, h, w):
     return cx.add("transpose", [x], perm=(0, 3, 1, 2))
 
 
+@builtin("unsqueeze", ("x", "tensor"), ("axis", "int"), doc="a new axis of size 1 at `axis`")
+def _unsqueeze(cx, x, axis):
+    shape = list(x.type.shape)
+    where = norm_axis(_const_axis(axis), len(shape) + 1)
+    return cx.add("reshape", [x], shape=tuple(shape[:where] + [Poly.const(1)] + shape[where:]))
+
+
+@builtin(
+    "timestep_embedding",
+    ("t", "tensor"),
+    ("dim", "int"),
+    ("flip", "bool", True),
+    ("shift", "float", 0.0),
+    doc="diffusers' sinusoidal timestep embedding: f32 [B] -> [B, dim], [B, N] -> [B, N * dim]",
+)
+def _timestep_embedding(cx, t, dim, flip, shift):
+    return cx.add("timestep_embedding", [t], dim=_maybe_int(dim), flip=flip, shift=shift)
+
+
 @builtin("l2_normalize", ("x", "tensor"), doc="x / ||x|| along the last axis (unit length)")
 def _l2_normalize(cx, x):
     """x / sqrt(sum(x^2)) over the last axis, as `x / x.norm(p=2, dim=-1, keepdim=True)`."""

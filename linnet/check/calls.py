@@ -179,8 +179,8 @@ class Calls(Expressions):
         if actual is None:
             message = f"argument `{arg.name}` of `{fn.name}` must be a tensor"
             self.error(expr.span, message, pattern, describe(value), frame=frame)
-        if isinstance(value, TVal):
-            value = self.tensor(value, expr, frame)
+        if isinstance(value, TVal):  # a param that may be absent fits an optional argument
+            value = self.tensor(value, expr, frame, optional_ok=arg.type.optional)
         if not self.unify(pattern, actual, bind):
             message = f"argument `{arg.name}` of `{fn.name}` has the wrong type"
             self.error(expr.span, message, pattern, actual, frame=frame)

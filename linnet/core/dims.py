@@ -129,6 +129,13 @@ class Poly:
             return self.terms[0][0][0]
         return None
 
+    def as_scaled_atom(self) -> tuple[str, int] | None:
+        """(atom, k) when the polynomial is exactly k * atom (k >= 1): an input axis of
+        `4 * H` binds H to its size / 4."""
+        if len(self.terms) == 1 and self.terms[0][1] >= 1 and len(self.terms[0][0]) == 1:
+            return self.terms[0][0][0], self.terms[0][1]
+        return None
+
     def subs(self, env: Mapping[str, Poly | int]) -> Poly:
         out = Poly.const(0)
         for m, c in self.terms:

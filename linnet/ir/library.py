@@ -15,6 +15,7 @@ import numpy as np
 
 from linnet.core.dims import Poly
 from linnet.ir.library_moe import moe
+from linnet.ir.library_unet import timestep_embedding
 
 F32 = "f32"
 
@@ -426,4 +427,5 @@ DECOMPOSITIONS = {
     "group_norm": group_norm,
     "upsample_nearest": upsample_nearest,
     "moe": moe,
+    "timestep_embedding": timestep_embedding,
 }

@@ -90,10 +90,12 @@ def _bind_dims(graph: Graph) -> list[str]:
         if fresh and fresh == atoms and len(set(atoms)) == len(atoms):
             lines.append(f"{', '.join(atoms)}{',' if len(atoms) == 1 else ''} = {name}.shape")
         else:
-            for axis, atom in enumerate(atoms):
-                if atom is not None and atom not in bound:
-                    bound.add(atom)
-                    lines.append(f"{atom} = {name}.shape[{axis}]")
+            for axis, d in enumerate(v.type.shape):
+                scaled = d.as_scaled_atom()  # D, or k * D (then D = the size // k)
+                if scaled is not None and scaled[0] not in bound:
+                    bound.add(scaled[0])
+                    k = f" // {scaled[1]}" if scaled[1] > 1 else ""
+                    lines.append(f"{scaled[0]} = {name}.shape[{axis}]{k}")
         bound.update(a for a in atoms if a is not None)
     for arg, atom in graph.dim_inputs.items():
         lines.append(f"{atom} = {arg}")

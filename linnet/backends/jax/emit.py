@@ -247,6 +247,10 @@ EMITTERS = {
     ),
     "upsample_nearest": lambda a, s, x: f"upsample_nearest({x}, {a['scale']})",
     "moe": _moe,
+    "timestep_embedding": lambda a, s, t: (
+        f"timestep_embedding({t}, {a['dim']}, {a.get('flip', True)}, "
+        f"{float(a.get('shift', 0.0))!r}, {float(a.get('max_period', 10000.0))!r})"
+    ),
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, CALLS))
 # Tensor-parallel collectives (issue 19, docs/parallel.md) over the mesh axis "tp": a rank's

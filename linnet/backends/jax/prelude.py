@@ -225,6 +225,17 @@ def upsample_nearest(x, scale):
     return jnp.repeat(jnp.repeat(x, scale, axis=2), scale, axis=3)
 
 
+def timestep_embedding(t, dim, flip, shift, max_period):
+    """diffusers' get_timestep_embedding (linnet/ir/library_unet.py); [B, N] -> [B, N * dim]."""
+    half = dim // 2  # the table as a constant, each step in f32 as diffusers takes it
+    exponent = np.float32(-math.log(max_period)) * np.arange(half, dtype=np.float32)
+    exponent = exponent / np.float32(half - shift)
+    freqs = np.exp(exponent.astype(np.float64)).astype(np.float32)  # rounded once
+    args = t.astype(jnp.float32)[..., None] * freqs
+    parts = (jnp.cos(args), jnp.sin(args)) if flip else (jnp.sin(args), jnp.cos(args))
+    return jnp.concatenate(parts, axis=-1).reshape(t.shape[0], -1)
+
+
 # -- numerics="fast": XLA picks (default precision, jax.nn kernels) ------------------------
 def _conv1d(x, w, stride, padding, precision):
     return lax.conv_general_dilated(

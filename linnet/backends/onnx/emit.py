@@ -36,7 +36,7 @@ ONNX_DTYPES = {name: getattr(TensorProto, d.onnx) for name, d in DTYPES.items()}
 class OnnxBuilder:
     """Nodes and constants of one graph, and the runtime dims as 1-D int64 values."""
 
-    def __init__(self, dim_sources: dict[str, tuple[str, int | None]]) -> None:
+    def __init__(self, dim_sources: dict[str, tuple]) -> None:
         # atom -> (value, axis): a dim is an axis of an input, or (value, None) a scalar input
         self.dim_sources = dim_sources
         self.nodes: list = []
@@ -88,10 +88,11 @@ class OnnxBuilder:
     def _dim_value(self, p: Poly) -> str:
         atom = p.as_atom()
         if atom is not None:
-            value, axis = self.dim_sources[atom]
+            value, axis, *scale = self.dim_sources[atom]
             if axis is None:  # a scalar input such as the decode position
                 return self.node("Reshape", [value, self.const([1])], hint=f"dim_{atom}")
-            return self.node("Shape", [value], hint=f"dim_{atom}", start=axis, end=axis + 1)
+            size = self.node("Shape", [value], hint=f"dim_{atom}", start=axis, end=axis + 1)
+            return self.node("Div", [size, self.const(scale)]) if scale else size
         total = None
         for mono, coef in p.terms:
             term = self.const([coef])

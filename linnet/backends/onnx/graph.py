@@ -53,16 +53,19 @@ def prepare(program: Program, entry: str) -> Entry:
     return Entry(entry, graph, guards, parts)
 
 
-def dim_sources(graph: Graph) -> dict[str, tuple[str, int | None]]:
-    """Where each runtime dim can be read: an input's axis, or a scalar dim input."""
+def dim_sources(graph: Graph) -> dict[str, tuple]:
+    """Where each runtime dim can be read: an input's axis (and the k it is divided by, for
+    an axis of k * D), or a scalar dim input."""
     sources: dict[str, tuple[str, int | None]] = {}
     for arg, atom in graph.dim_inputs.items():
         sources[atom] = (arg, None)
     for name, value in [(v.name, v) for v in graph.inputs] + list(graph.states.items()):
         for axis, d in enumerate(value.type.shape):
-            atom = Poly.lift(d).as_atom()
-            if atom is not None:
-                sources.setdefault(atom, (name, axis))
+            scaled = Poly.lift(d).as_scaled_atom()  # D, or k * D: D = the axis' size / k
+            if scaled is not None:
+                sources.setdefault(
+                    scaled[0], (name, axis) + ((scaled[1],) if scaled[1] > 1 else ())
+                )
     return sources
 
 

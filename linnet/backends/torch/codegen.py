@@ -103,10 +103,13 @@ def _bind_inputs(graph: Graph) -> list[str]:
     bound = set()
     for v in graph.inputs:
         for axis, d in enumerate(v.type.shape):
-            atom = d.as_atom()
-            if atom is not None and atom not in bound:
+            scaled = d.as_scaled_atom()  # D, or k * D (then D = the size // k)
+            if scaled is not None and scaled[0] not in bound:
+                atom, k = scaled
                 bound.add(atom)
-                lines.append(f"        {atom} = {v.name}.shape[{axis}]")
+                lines.append(
+                    f"        {atom} = {v.name}.shape[{axis}]" + (f" // {k}" if k > 1 else "")
+                )
     for arg, atom in graph.dim_inputs.items():
         lines.append(f"        {atom} = {arg}")
     first = graph.inputs[0].name if graph.inputs else "self.embed"

@@ -215,6 +215,10 @@ EMITTERS = {
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
     "moe": _moe,
+    "timestep_embedding": lambda a, s, t: (
+        f"timestep_embedding({t}, {a['dim']}, {a.get('flip', True)}, "
+        f"{float(a.get('shift', 0.0))!r}, {float(a.get('max_period', 10000.0))!r})"
+    ),
 }
 EMITTERS.update(elementwise_emitters(UNARY_TEXT, INFIX, BINARY_TEXT))
 # torch.maximum and torch.minimum take no Python number: a scalar side becomes a 0-d tensor

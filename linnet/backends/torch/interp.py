@@ -128,10 +128,10 @@ class Interpreter:
             if tensor.dtype != TORCH_DTYPES[value.type.dtype]:
                 raise LinnetError(f"`{value.name}` must be {value.type.dtype}, got {tensor.dtype}")
             for poly, size in zip(value.type.shape, tensor.shape):
-                atom = poly.as_atom()
-                if atom is not None and atom not in dims:
-                    dims[atom] = int(size)
-                elif poly.eval(dims) != size:
+                scaled = poly.as_scaled_atom()  # D, or k * D: D = size / k where k divides
+                if scaled is not None and scaled[0] not in dims and size % scaled[1] == 0:
+                    dims[scaled[0]] = int(size) // scaled[1]
+                elif scaled is not None and scaled[0] not in dims or poly.eval(dims) != size:
                     raise LinnetError(
                         f"`{value.name}` must be {value.type}, got shape {tuple(tensor.shape)}"
                     )

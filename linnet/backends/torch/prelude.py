@@ -237,6 +237,17 @@ def group_norm_ref(x, w, b, groups, eps):
     return (h * w.float().reshape(view) + b.float().reshape(view)).to(x.dtype)
 
 
+def timestep_embedding(t, dim, flip, shift, max_period):
+    """diffusers' get_timestep_embedding, step for step (linnet/ir/library_unet.py);
+    t [B, N] gives [B, N * dim]."""
+    half = dim // 2
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device)
+    freqs = torch.exp(exponent / (half - shift))
+    args = t.float().unsqueeze(-1) * freqs
+    parts = (torch.cos(args), torch.sin(args)) if flip else (torch.sin(args), torch.cos(args))
+    return torch.cat(parts, dim=-1).reshape(t.shape[0], -1)
+
+
 # -- numerics="fast": fused kernels, lower precision allowed ------------------------------
 def batch_norm_fast(x, w, b, mean, var, eps):
     return F.batch_norm(x, mean, var, w, b, False, 0.0, eps)

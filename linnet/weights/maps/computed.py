@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linnet.errors import ConfigError
+from linnet.weights.maps.computed_unet import unet_computed
 
 
 @dataclass(frozen=True)
@@ -240,3 +241,5 @@ COMPUTED: dict[str, Computed] = {
         Computed("yarn_truncate", _read_yarn_truncate, _write_yarn_truncate),
     )
 }
+# diffusers' UNet2DConditionModel (issue 15): its own module
+COMPUTED.update((c.name, c) for c in unet_computed(Computed))
