@@ -2,6 +2,7 @@
 
     ops = kernels.load()        # torch.ops.linnet_kernels, or None: use the PyTorch path
     ops.packed_linear(x, codes, scale, offset)   # packed_gemv.cpp
+    bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
 with the C++ compiler against torch's headers into `$LINNET_CACHE/kernels/KEY` (default
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("packed_gemv.cpp",)
+SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp")
 FLAGS = ("-O3", "-march=native")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 
@@ -45,6 +46,33 @@ def load():
     if "ops" not in _loaded:
         _loaded["ops"] = _build_or_load()
     return _loaded["ops"]
+
+
+def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
+    """`bf16_linear(x2, w, b)` for a CPU bf16 x and a contiguous bf16 weight whose rows are
+    whole 32-element blocks, where the kernels load and were built with AVX512-BF16."""
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return None
+    if not w.is_contiguous() or w.dim() != 2 or w.shape[1] % 32:
+        return None
+    ops = load()
+    if ops is None:
+        return None
+    if "bf16" not in _loaded:
+        _loaded["bf16"] = bool(ops.bf16_gemv_native())
+    return ops.bf16_linear if _loaded["bf16"] else None
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile's tracing (the ops run eagerly between graphs)."""
+
+    @torch.library.register_fake("linnet_kernels::packed_linear")
+    def _(x, codes, scale, offset):
+        return x.new_empty(x.shape[0], scale.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::bf16_linear")
+    def _(x, w, b):
+        return x.new_empty(x.shape[0], w.shape[0])
 
 
 def _cpu_flags() -> str:
@@ -73,6 +101,7 @@ def _build_or_load():
         out = build_dir()
         library = out / "linnet_kernels.so"
         torch.ops.load_library(str(library if library.is_file() else _build(out)))
+        _register_fakes()
         return torch.ops.linnet_kernels
     except Exception as e:  # a missing compiler or ninja, a failed build: PyTorch path
         reason = " ".join(str(e).split())[:200]
