@@ -143,9 +143,9 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels, "_loaded", {})  # this process's library is left alone
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # exits 1, as a failing compile does
-    w, _ = _packed("q4_k", rows=8, cols=256)
     x = torch.randn(2, 256)
     with pytest.warns(UserWarning, match="C.. kernels not built") as caught:
+        w, _ = _packed("q4_k", rows=8, cols=256)  # packing loads the kernels
         got = F.linear(x, w)
         F.linear(x, w)
     assert len(caught) == 1 and kernels.load() is None

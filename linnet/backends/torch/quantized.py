@@ -53,6 +53,8 @@ class PackedWeight(torch.Tensor):
 
     @classmethod
     def build(cls, kind, codes, scale, offset=None, *, dtype=torch.float32):
+        if codes.device.type == "cpu":  # build or load the kernels now, not while
+            kernels.load()  # torch.compile traces the first linear
         return cls(kind, codes, scale, offset, dtype, False)
 
     def _with(self, codes, scale, offset, *, transposed=False, dtype=None):

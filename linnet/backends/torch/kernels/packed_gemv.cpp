@@ -102,7 +102,7 @@ void q8_tile(const Problem& p, int64_t r0, int64_t b0) {
   const int8_t* codes = static_cast<const int8_t*>(p.codes);
   for (int64_t g = 0; g < groups; ++g) {
     for (int r = 0; r < R; ++r)  // the streams' next lines: 4 rows of codes run at once
-      __builtin_prefetch(codes + (r0 + r) * p.cols + g * kGroup + 512);
+      __builtin_prefetch(codes + (r0 + r) * p.cols + g * kGroup + 2048);
     for (int64_t h = 0; h < kGroup; h += 16) {
       const int64_t k = g * kGroup + h;
       V xs[B];
@@ -129,7 +129,7 @@ void q4_tile(const Problem& p, int64_t r0, int64_t b0) {
   for (int64_t j = 0; j < half; j += 16) {
     const int64_t g_lo = j / kGroup, g_hi = (half + j) / kGroup;
     if (j % 64 == 0)
-      for (int r = 0; r < R; ++r) __builtin_prefetch(codes + (r0 + r) * half + j + 512);
+      for (int r = 0; r < R; ++r) __builtin_prefetch(codes + (r0 + r) * half + j + 1024);
     V x_lo[B], x_hi[B];
     for (int b = 0; b < B; ++b) {
       x_lo[b] = load(p.x + (b0 + b) * p.cols + j);
