@@ -3,7 +3,7 @@
 Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel) and llama.cpp, all on
 the same GGUF file.
 
-    python bench/packed_decode.py --dtypes q8_0,q4_0 --threads 1 --rounds 5
+    python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
 Each round runs every variant once (so a burst of load from other jobs hits all of
 them), and each figure is the median over rounds. `--threads 1` times CPU time
@@ -30,11 +30,11 @@ from bench.common import machine, provenance, versions  # noqa: E402
 from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
 
 
-def linnet_decoder(gguf: Path, dtype: str):
+def linnet_decoder(path: Path, dtype: str):
     """decode(prompt, n): prefill untimed, then n one-token greedy steps timed."""
     import linnet.torch as lt
 
-    model = lt.load(str(gguf), dtype=dtype, mode="generated", numerics="fast")
+    model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
 
     def decode(ids, n, clock):
         model.reset()
@@ -65,9 +65,10 @@ def llamacpp_decoder(gguf: Path, threads: int):
     return decode
 
 
-def variants(gguf: Path, dtype: str, threads: int) -> dict:
-    """name -> (decode(ids, n, clock), LINNET_KERNELS for it)."""
-    run = linnet_decoder(gguf, dtype)
+def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
+    """name -> (decode(ids, n, clock), LINNET_KERNELS for it); bf16: Linnet loads the HF
+    folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export."""
+    run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
     return {
         "linnet kernel": (run, "1"),
         "linnet pytorch": (run, "0"),
@@ -75,13 +76,13 @@ def variants(gguf: Path, dtype: str, threads: int) -> dict:
     }
 
 
-def measure(dtype: str, gguf: Path, args, clock) -> dict:
+def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
     import os
 
     import torch
 
     ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
-    runs = variants(gguf, dtype, args.threads)
+    runs = variants(gguf, dtype, args.threads, ckpt)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (decode, kernels) in runs.items():
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     report["versions"] = versions(("torch", "llama_cpp", "linnet"))
     report["clock"] = clock.__name__
     for dtype in dtypes:
-        rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", args, clock)
+        rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
         report.setdefault("results", {})[dtype] = rows
         cpp = rows["llama.cpp"]["ms_per_token"]
         for name, row in rows.items():
