@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType, quants
 import linnet.backends.torch.quantized as quantized
 import linnet.gguf
 import linnet.torch as lt
+from linnet.backends.torch import kernels
 from linnet.backends.torch.quantized import PackedWeight
 from linnet.quantize import ggml_bytes, to_packed_weight
 from linnet.weights.gguf_packed import packed_from_ggml
@@ -50,26 +51,106 @@ def test_packed_layout_dequantizes_as_gguf_does(kind, cols):
     )
 
 
-def _bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """f32 summation-order error bound for x @ dense^T: a few ulps of sum |x| |w|."""
-    return 64 * torch.finfo(torch.float32).eps * (x.float().abs() @ dense.abs().t())
+def _bound(x: torch.Tensor, dense: torch.Tensor, bias=None) -> torch.Tensor:
+    """The f32 error bound of x @ dense^T (+ bias) summed in any order: gamma_(K+1) times
+    sum |x| |w| (+ |bias|), gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and
+    Stability, 3.1); products are exact or rounded once, so K + 1 roundings at most."""
+    n, u = x.shape[-1] + 1, 2.0**-24
+    magnitude = x.double().abs() @ dense.double().abs().t()
+    if bias is not None:
+        magnitude = magnitude + bias.double().abs()
+    return n * u / (1 - n * u) * magnitude
+
+
+def _assert_within_bound(got, x, dense, bias=None):
+    want = x.double() @ dense.double().t()  # exact products and sums of the f32 operands
+    if bias is not None:
+        want = want + bias.double()
+    assert got.shape == want.shape and got.dtype == torch.float32
+    delta = (got.double() - want).abs()
+    ok = delta <= _bound(x, dense, bias)  # NaN fails
+    assert ok.all(), f"{int((~ok).sum())} outside the bound, max |delta| {delta.max()}"
+
+
+@pytest.fixture(params=["kernel", "pytorch"])
+def linear_path(request, monkeypatch):
+    """Which implementation `F.linear` on a PackedWeight must take for small batches:
+    Linnet's C++ kernel (the PyTorch path made to fail, so the kernel is what ran) or the
+    PyTorch path (forced with LINNET_KERNELS=0)."""
+    if request.param == "pytorch":
+        monkeypatch.setenv("LINNET_KERNELS", "0")
+    else:
+        _require_kernels()
+        monkeypatch.setattr(quantized, "_blocked_linear", _refuse)
+    return request.param
+
+
+def _require_kernels():
+    if not kernels.cpu_supported():
+        pytest.skip("the C++ kernels need an x86 CPU with AVX2")
+    assert kernels.load() is not None, "the C++ kernels did not build (see the warning)"
+
+
+def _refuse(*args):
+    raise AssertionError("the PyTorch path ran where the kernel should have")
 
 
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
-@pytest.mark.parametrize("batch", [(1,), (2, 7)], ids=["decode", "batch"])
-@pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
-def test_packed_linear_matches_dequantize_then_matmul(kind, cols, batch, chunk, monkeypatch):
-    monkeypatch.setattr(quantized, "_CHUNK", chunk)  # 3 rows: blocks of rows, a ragged end
-    w, raw = _packed(kind, rows=97, cols=cols)
-    shape = (*batch, cols)
+@pytest.mark.parametrize("batch", [(1,), (2, 7), (1, 5)], ids=["decode", "batch", "b5"])
+@pytest.mark.parametrize("rows", [97, 4, 1])
+def test_packed_linear_matches_dequantize_then_matmul(kind, cols, batch, rows, linear_path):
+    """97 rows: tiles of 4 and a ragged end of 1; batch 14 is 3 tiles of 4 and one of 2."""
+    w, raw = _packed(kind, rows=rows, cols=cols)
     dense = _gguf_dequantized(raw, kind, w.shape)  # the reference outside Linnet's code
-    x, b = torch.randn(shape), torch.randn(97)
+    x, b = torch.randn((*batch, cols)), torch.randn(rows)
     for bias in (None, b):
-        got = F.linear(x, w, bias)
-        want = F.linear(x, dense, bias)
-        assert got.shape == want.shape and got.dtype == torch.float32
-        delta = (got - want).abs()
-        assert not (delta > _bound(x, dense).reshape(delta.shape)).any(), delta.max()
+        _assert_within_bound(F.linear(x, w, bias), x, dense, bias)
+
+
+@pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
+@pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
+def test_pytorch_path_in_blocks_of_rows(kind, cols, chunk, monkeypatch):
+    """Batches over KERNEL_MAX_ROWS take the PyTorch path even where the kernel runs;
+    3 rows a block: blocks of rows and a ragged end."""
+    monkeypatch.setattr(quantized, "_CHUNK", chunk)
+    w, raw = _packed(kind, rows=97, cols=cols)
+    dense = _gguf_dequantized(raw, kind, w.shape)
+    x = torch.randn(quantized.KERNEL_MAX_ROWS + 3, cols)
+    calls = []
+    blocked = quantized._blocked_linear
+    monkeypatch.setattr(quantized, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a))
+    _assert_within_bound(F.linear(x, w), x, dense)
+    assert calls == [1]
+
+
+def test_kernels_off_uses_the_pytorch_path(monkeypatch):
+    """LINNET_KERNELS=0: no kernel, and a one-row linear runs the PyTorch path."""
+    monkeypatch.setenv("LINNET_KERNELS", "0")
+    assert kernels.load() is None
+    calls = []
+    blocked = quantized._blocked_linear
+    monkeypatch.setattr(quantized, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a))
+    w, _ = _packed("q8_0")
+    x = torch.randn(1, 512)
+    _assert_within_bound(F.linear(x, w), x, w.dequantize())
+    assert calls == [1]
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
+    """A compiler that fails: one warning, no exception, the PyTorch path, no library."""
+    if not kernels.cpu_supported():
+        pytest.skip("the C++ kernels need an x86 CPU with AVX2")
+    monkeypatch.setattr(kernels, "_loaded", {})  # this process's library is left alone
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # exits 1, as a failing compile does
+    x = torch.randn(2, 256)
+    with pytest.warns(UserWarning, match="C.. kernels not built") as caught:
+        w, _ = _packed("q4_k", rows=8, cols=256)  # packing loads the kernels
+        got = F.linear(x, w)
+        F.linear(x, w)
+    assert len(caught) == 1 and kernels.load() is None
+    assert not list(tmp_path.rglob("*.so"))
+    _assert_within_bound(got, x, w.dequantize())
 
 
 @pytest.mark.parametrize("kind", KINDS)

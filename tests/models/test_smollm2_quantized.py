@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import torch
 
+import linnet.backends.torch.quantized as quantized
 import linnet.torch as lt
+from linnet.backends.torch import kernels
 from linnet.backends.torch.quantized import PackedWeight
 from tests.checkpoints import load_reference
 
 
-def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts):
+def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts, monkeypatch):
+    """On Linnet's C++ kernel where this CPU runs it: the PyTorch path is made to fail for
+    prompts the kernel takes (up to KERNEL_MAX_ROWS tokens)."""
+    if kernels.cpu_supported():
+        assert kernels.load() is not None, "the C++ kernels did not build (see the warning)"
+        assert all(ids.numel() <= quantized.KERNEL_MAX_ROWS for ids in chat_prompts)
+        monkeypatch.setattr(quantized, "_blocked_linear", _refuse)
     reference = load_reference(smollm2_checkpoint)
     model = lt.load(smollm2_checkpoint, dtype="q8_0", mode="generated")
     packed = [n for n, p in model.params.items() if isinstance(p, PackedWeight)]
@@ -26,6 +34,10 @@ def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts)
         print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
               f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
         assert int(got.argmax()) == int(want.argmax())
+
+
+def _refuse(*args):
+    raise AssertionError("the PyTorch path ran where the kernel should have")
 
 
 def test_q4_k_gguf_imported_packed_equals_dequantized_import(smollm2_checkpoint, tmp_path):

@@ -36,6 +36,11 @@ def _cpu_has_lowp_dot(dtype):
 _LOWP_NATIVE = {dt: _cpu_has_lowp_dot(dt) for dt in (torch.bfloat16, torch.float16)}
 _LOWP_MIN_ROWS = 16  # fewer rows: widening the weights costs more than the GEMM saves
 _LOWP_CHUNK = 1 << 21  # weight elements widened at a time: 8 MB of f32, cache-sized
+_LOWP_GEMV_ROWS = 8  # at most this many rows: Linnet's bf16 GEMV where it runs
+try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch's linear
+    from linnet.backends.torch import kernels as _kernels
+except ImportError:
+    _kernels = None
 
 
 def linear_lowp(x, w, b=None):
@@ -44,6 +49,10 @@ def linear_lowp(x, w, b=None):
     over many rows, widening each block of output features once and running f32 GEMM
     gives the same products (exact in f32) and f32 sums, rounded once to x's dtype."""
     rows = x.numel() // x.shape[-1]
+    if _kernels and rows <= _LOWP_GEMV_ROWS and not torch.compiler.is_compiling():
+        gemv = _kernels.bf16_linear_op(x, w)  # one pass over w where AVX512-BF16 runs it
+        if gemv is not None:
+            return gemv(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
     if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
         return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1]).float()

@@ -14,11 +14,14 @@ transpose run `packed_linear`; row slices, `cat` and a transpose stay packed; ro
 gathers (an embedding) dequantize the rows taken; anything else sees the dequantized
 tensor (correct, not fast).
 
-The kernel dequantizes a block of output rows at a time (scale * code) into a reused f32
-buffer and multiplies it by x in f32, so each weight is widened once per call and never
-the whole matrix at once; the 4-bit offsets are applied to x's group sums instead of to
-every weight (one small matmul). Sums are f32 (the reference's up to summation order);
-the result is cast to x's dtype.
+Batches of up to KERNEL_MAX_ROWS rows (decode) run Linnet's C++ kernel
+(`kernels/packed_gemv.cpp`: one pass over the packed weights on both cores, each weight
+dequantized in registers exactly as the reference does and multiplied by x in f32). Larger
+batches, and machines where the kernel cannot build or run (or `LINNET_KERNELS=0`), take
+the PyTorch path: a block of output rows at a time dequantized (scale * code) into a reused
+f32 buffer and multiplied by x in f32 (MKL), the 4-bit offsets applied to x's group sums
+instead of to every weight (one small matmul). Either way sums are f32 (the reference's up
+to summation order) and the result is cast to x's dtype.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from linnet.backends.torch import kernels
+
 GROUP = 32  # elements per scale
+KERNEL_MAX_ROWS = 64  # batches above this take the dequantize-then-GEMM path (MKL)
 _CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32, L2-sized
 _buffers: dict = {}  # (device, dtype, elements) -> reused scratch
 
@@ -47,6 +53,8 @@ class PackedWeight(torch.Tensor):
 
     @classmethod
     def build(cls, kind, codes, scale, offset=None, *, dtype=torch.float32):
+        if codes.device.type == "cpu":  # build or load the kernels now, not while
+            kernels.load()  # torch.compile traces the first linear
         return cls(kind, codes, scale, offset, dtype, False)
 
     def _with(self, codes, scale, offset, *, transposed=False, dtype=None):
@@ -132,29 +140,50 @@ def _offset_terms(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
-    """x @ dequantize(w)^T + b, with f32 sums, in x's dtype; `w` is dequantized a block
-    of rows at a time (scale * code) into one reused buffer."""
+    """x @ dequantize(w)^T + b, with f32 sums, in x's dtype: Linnet's C++ kernel for small
+    batches where it runs (`kernels.load()`), else `w` dequantized a block of rows at a time."""
     with torch._C.DisableTorchFunctionSubclass():
         rows_x = x.numel() // x.shape[-1]
         x2 = x.reshape(rows_x, x.shape[-1]).float()
-        step = max(1, min(w.rows, _CHUNK // w.cols))
-        buf = _scratch(step * w.cols, x.device)
-        if w.offset is None:  # rows of the result contiguous, one block at a time
-            out_t = torch.empty(w.rows, rows_x, device=x.device)
+        ops = _kernel_ops(x2, w)
+        if ops is not None:
+            y = ops.packed_linear(x2.contiguous(), w.codes, w.scale, w.offset)
         else:
-            out_t = _offset_terms(x2, w)
-        for lo in range(0, w.rows, step):
-            hi = min(lo + step, w.rows)
-            rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
-            chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
-            if w.offset is None:
-                torch.mm(chunk, x2.t(), out=out_t[lo:hi])
-            else:
-                out_t[lo:hi].addmm_(chunk, x2.t())
-        y = out_t.t()
+            y = _blocked_linear(x2, w)
         if b is not None:
             y = y + b.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], w.rows)
+
+
+def _kernel_ops(x2: torch.Tensor, w: PackedWeight):
+    """The kernels' ops when they take this call: a CPU batch of at most KERNEL_MAX_ROWS
+    rows and contiguous parts (row slices of a packed weight are)."""
+    if len(x2) > KERNEL_MAX_ROWS or x2.device.type != "cpu" or w.codes.device.type != "cpu":
+        return None
+    parts = (w.codes, w.scale) if w.offset is None else (w.codes, w.scale, w.offset)
+    if not all(p.is_contiguous() for p in parts):
+        return None
+    return kernels.load()
+
+
+def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """The PyTorch path: blocks of rows dequantized (scale * code) into one reused buffer,
+    each multiplied by x in f32; the 4-bit offsets applied to x's group sums."""
+    step = max(1, min(w.rows, _CHUNK // w.cols))
+    buf = _scratch(step * w.cols, x2.device)
+    if w.offset is None:  # rows of the result contiguous, one block at a time
+        out_t = torch.empty(w.rows, len(x2), device=x2.device)
+    else:
+        out_t = _offset_terms(x2, w)
+    for lo in range(0, w.rows, step):
+        hi = min(lo + step, w.rows)
+        rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
+        chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
+        if w.offset is None:
+            torch.mm(chunk, x2.t(), out=out_t[lo:hi])
+        else:
+            out_t[lo:hi].addmm_(chunk, x2.t())
+    return out_t.t()
 
 
 def _plain(value):

@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""Packed-weight decode in one process, rounds interleaved: Linnet with its C++ kernel,
+Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel) and llama.cpp, all on
+the same GGUF file.
+
+    python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
+
+Each round runs every variant once (so a burst of load from other jobs hits all of
+them), and each figure is the median over rounds. `--threads 1` times CPU time
+(`time.process_time`: one thread each, what other jobs on the cores change least);
+`--threads 2` times the wall clock. The prompt is run untimed, then N one-token greedy
+decode steps are timed (llama.cpp: `eval` of the sampled token; both use `threads` threads
+for the prompt too). The GGUF files are bench/run.py's
+exports (`bench/results/gguf/<checkpoint>/model-<dtype>.gguf`). Writes
+bench/results/packed_decode.json with the machine (CPU flags, load) and the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.common import machine, provenance, versions  # noqa: E402
+from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
+
+
+def linnet_decoder(path: Path, dtype: str):
+    """decode(prompt, n): prefill untimed, then n one-token greedy steps timed."""
+    import linnet.torch as lt
+
+    model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
+
+    def decode(ids, n, clock):
+        model.reset()
+        logits = model.decode(ids, 0)
+        t0 = clock()
+        for _ in range(n):
+            logits = model.decode(logits.argmax(-1, keepdim=True), model.position)
+        return clock() - t0
+
+    return decode
+
+
+def llamacpp_decoder(gguf: Path, threads: int):
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(gguf), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+
+    def decode(ids, n, clock):
+        llm.reset()
+        llm.eval(ids[0].tolist())
+        t0 = clock()
+        for _ in range(n):
+            llm.eval([llm.sample(top_k=1, temp=0.0)])
+        return clock() - t0
+
+    return decode
+
+
+def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
+    """name -> (decode(ids, n, clock), LINNET_KERNELS for it); bf16: Linnet loads the HF
+    folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export."""
+    run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
+    return {
+        "linnet kernel": (run, "1"),
+        "linnet pytorch": (run, "0"),
+        "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
+    }
+
+
+def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
+    import os
+
+    import torch
+
+    ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    runs = variants(gguf, dtype, args.threads, ckpt)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, (decode, kernels) in runs.items():
+            os.environ["LINNET_KERNELS"] = kernels  # read on every packed linear call
+            decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
+            times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
+    os.environ.pop("LINNET_KERNELS")
+    return {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtypes", default="q8_0,q4_0")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prompt", type=int, default=36)
+    parser.add_argument("--new", type=int, default=24)
+    parser.add_argument("--out", type=Path, default=RESULTS / "packed_decode.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    ckpt = checkpoint_for(args.model)
+    gguf_dir = RESULTS / "gguf" / Path(ckpt).name
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    dtypes = args.dtypes.split(",")
+    export_ggufs(ckpt, dtypes, gguf_dir)
+    report = {"machine": machine(), "provenance": provenance(), "args": vars(args) | {"out": ""}}
+    report["versions"] = versions(("torch", "llama_cpp", "linnet"))
+    report["clock"] = clock.__name__
+    for dtype in dtypes:
+        rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
+        report.setdefault("results", {})[dtype] = rows
+        cpp = rows["llama.cpp"]["ms_per_token"]
+        for name, row in rows.items():
+            speed = cpp / row["ms_per_token"]
+            print(
+                f"{dtype} {name:<15} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"
+            )
+    report["machine_after"] = machine()
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

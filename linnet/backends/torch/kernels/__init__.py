@@ -1,0 +1,132 @@
+"""Linnet's own C++ kernels (issue 21), built on first use and cached.
+
+    ops = kernels.load()        # torch.ops.linnet_kernels, or None: use the PyTorch path
+    ops.packed_linear(x, codes, scale, offset)   # packed_gemv.cpp
+    bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
+
+The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
+with the C++ compiler against torch's headers into `$LINNET_CACHE/kernels/KEY` (default
+`~/.cache/linnet`), KEY hashing the sources, the flags, torch's version and the CPU's
+feature flags, so a second process loads the library without compiling and another CPU
+never loads code built for this one. `load()` answers None, and callers keep their pure
+PyTorch path, when `LINNET_KERNELS=0`, when the CPU lacks AVX2 (x86 only), or when the
+build fails (no compiler, say: one warning line, never an exception).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp")
+FLAGS = ("-O3", "-march=native")
+_loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
+
+
+def enabled() -> bool:
+    """False when LINNET_KERNELS is 0/off/false/no: the PyTorch fallback everywhere."""
+    return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cpu_supported() -> bool:
+    """The kernels are written for x86 vector units: AVX2 with FMA at least."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def load():
+    """The kernels' op namespace, built or loaded once per process; None where they
+    cannot run here (see the module docstring). Checks LINNET_KERNELS on every call."""
+    if not enabled() or not cpu_supported():
+        return None
+    if "ops" not in _loaded:
+        _loaded["ops"] = _build_or_load()
+    return _loaded["ops"]
+
+
+def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
+    """`bf16_linear(x2, w, b)` for a CPU bf16 x and a contiguous bf16 weight whose rows are
+    whole 32-element blocks, where the kernels load and were built with AVX512-BF16."""
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return None
+    if not w.is_contiguous() or w.dim() != 2 or w.shape[1] % 32:
+        return None
+    ops = load()
+    if ops is None:
+        return None
+    if "bf16" not in _loaded:
+        _loaded["bf16"] = bool(ops.bf16_gemv_native())
+    return ops.bf16_linear if _loaded["bf16"] else None
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile's tracing (the ops run eagerly between graphs)."""
+
+    @torch.library.register_fake("linnet_kernels::packed_linear")
+    def _(x, codes, scale, offset):
+        return x.new_empty(x.shape[0], scale.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::bf16_linear")
+    def _(x, w, b):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def build_dir() -> Path:
+    here = Path(__file__).parent
+    key = hashlib.sha256()
+    for source in SOURCES:
+        key.update((here / source).read_bytes())
+    key.update(" ".join((*FLAGS, torch.__version__, _cpu_flags())).encode())
+    env = os.environ.get("LINNET_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "linnet"
+    return root / "kernels" / key.hexdigest()[:16]
+
+
+def _build_or_load():
+    try:
+        out = build_dir()
+        library = out / "linnet_kernels.so"
+        torch.ops.load_library(str(library if library.is_file() else _build(out)))
+        _register_fakes()
+        return torch.ops.linnet_kernels
+    except Exception as e:  # a missing compiler or ninja, a failed build: PyTorch path
+        reason = " ".join(str(e).split())[:200]
+        warnings.warn(f"linnet: C++ kernels not built ({reason}); using PyTorch", stacklevel=3)
+        return None
+
+
+def _build(out: Path) -> Path:
+    """Compile and link the sources with the C++ compiler (CXX, default c++) against
+    torch's headers and libraries; written under a temporary name, then renamed, so a
+    concurrent process never loads half a library."""
+    torch_dir = Path(torch.__file__).parent
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"linnet_kernels.{os.getpid()}.tmp.so"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [
+        os.environ.get("CXX", "c++"), "-shared", "-fPIC", "-std=c++20", *FLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-isystem", str(torch_dir / "include"),
+        *(str(Path(__file__).parent / s) for s in SOURCES),
+        f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", "-o", str(tmp),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[-300:]}")
+    library = out / "linnet_kernels.so"
+    tmp.replace(library)
+    return library

@@ -1,0 +1,214 @@
+// Weight-only quantized linears for small batches (decode): one pass over the packed
+// weights, both cores (at::parallel_for over blocks of output rows).
+//
+//   y[b, r] = sum_k w[r, k] * x[b, k],   w[r, k] = scale[r, k / 32] * code[r, k] (+ offset)
+//
+// Each weight is dequantized in registers exactly as the reference does it (scale * code
+// is exact in f32; fma(code, scale, offset) rounds once, as scale * code + offset does),
+// multiplied by x in f32 and summed in f32: the reference's products, another summation
+// order. Layouts (linnet/weights/gguf_packed.py): q8_0 codes int8 (rows, cols); 4-bit
+// codes uint8 (rows, cols / 2), element k < cols / 2 in the low nibble of byte k and
+// element cols / 2 + k in its high nibble; scale and offset f32 (rows, cols / 32).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define LINNET_AVX512 1
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int kRows = 4;  // output rows per tile: each x chunk loaded once for them all
+
+#if LINNET_AVX512
+using V = __m512;  // 16 lanes; a chunk is 16 weights
+inline V zero() { return _mm512_setzero_ps(); }
+inline V load(const float* p) { return _mm512_loadu_ps(p); }
+inline V bcast(float v) { return _mm512_set1_ps(v); }
+inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline float hsum(V a) { return _mm512_reduce_add_ps(a); }
+inline V i8_chunk(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+inline void u4_chunk(const uint8_t* p, V& lo, V& hi) {
+  __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  lo = _mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
+  hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+}
+#else
+struct V {  // portable 16 lanes: -O3 -march=native vectorises these loops
+  float v[16];
+};
+inline V zero() { return V{}; }
+inline V load(const float* p) {
+  V r;
+  for (int i = 0; i < 16; ++i) r.v[i] = p[i];
+  return r;
+}
+inline V bcast(float x) {
+  V r;
+  for (int i = 0; i < 16; ++i) r.v[i] = x;
+  return r;
+}
+inline V fma(V a, V b, V c) {
+  for (int i = 0; i < 16; ++i) c.v[i] = __builtin_fmaf(a.v[i], b.v[i], c.v[i]);
+  return c;
+}
+inline V mul(V a, V b) {
+  for (int i = 0; i < 16; ++i) a.v[i] *= b.v[i];
+  return a;
+}
+inline float hsum(V a) {
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += a.v[i];
+  return s;
+}
+inline V i8_chunk(const int8_t* p) {
+  V r;
+  for (int i = 0; i < 16; ++i) r.v[i] = float(p[i]);
+  return r;
+}
+inline void u4_chunk(const uint8_t* p, V& lo, V& hi) {
+  for (int i = 0; i < 16; ++i) {
+    lo.v[i] = float(p[i] & 15);
+    hi.v[i] = float(p[i] >> 4);
+  }
+}
+#endif
+
+struct Problem {
+  const float* x;  // (batch, cols)
+  const void* codes;
+  const float* scale;   // (rows, groups)
+  const float* offset;  // (rows, groups) or null
+  float* y;             // (batch, rows)
+  int64_t batch, rows, cols;
+};
+
+// Rows r0..r0+R of y for x rows b0..b0+B: q8_0, 16 weights per step.
+template <int R, int B>
+void q8_tile(const Problem& p, int64_t r0, int64_t b0) {
+  V acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = zero();
+  const int64_t groups = p.cols / kGroup;
+  const int8_t* codes = static_cast<const int8_t*>(p.codes);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int r = 0; r < R; ++r)  // the streams' next lines: 4 rows of codes run at once
+      __builtin_prefetch(codes + (r0 + r) * p.cols + g * kGroup + 2048);
+    for (int64_t h = 0; h < kGroup; h += 16) {
+      const int64_t k = g * kGroup + h;
+      V xs[B];
+      for (int b = 0; b < B; ++b) xs[b] = load(p.x + (b0 + b) * p.cols + k);
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        V w = mul(i8_chunk(codes + row * p.cols + k), bcast(p.scale[row * groups + g]));
+        for (int b = 0; b < B; ++b) acc[r][b] = fma(w, xs[b], acc[r][b]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
+}
+
+// The same for 4-bit codes: 16 bytes give 16 weights of each half of the row.
+template <int R, int B>
+void q4_tile(const Problem& p, int64_t r0, int64_t b0) {
+  V acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = zero();
+  const int64_t groups = p.cols / kGroup, half = p.cols / 2;
+  const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
+  for (int64_t j = 0; j < half; j += 16) {
+    const int64_t g_lo = j / kGroup, g_hi = (half + j) / kGroup;
+    if (j % 64 == 0)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(codes + (r0 + r) * half + j + 1024);
+    V x_lo[B], x_hi[B];
+    for (int b = 0; b < B; ++b) {
+      x_lo[b] = load(p.x + (b0 + b) * p.cols + j);
+      x_hi[b] = load(p.x + (b0 + b) * p.cols + half + j);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const float* s = p.scale + row * groups;
+      const float* o = p.offset + row * groups;
+      V lo, hi;
+      u4_chunk(codes + row * half + j, lo, hi);
+      V w_lo = fma(lo, bcast(s[g_lo]), bcast(o[g_lo]));
+      V w_hi = fma(hi, bcast(s[g_hi]), bcast(o[g_hi]));
+      for (int b = 0; b < B; ++b) acc[r][b] = fma(w_hi, x_hi[b], fma(w_lo, x_lo[b], acc[r][b]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
+}
+
+template <template <int, int> class Tile, int R>
+void batch_tiles(const Problem& p, int64_t r0) {
+  int64_t b0 = 0;
+  for (; b0 + 4 <= p.batch; b0 += 4) Tile<R, 4>::run(p, r0, b0);
+  switch (p.batch - b0) {
+    case 3: Tile<R, 3>::run(p, r0, b0); break;
+    case 2: Tile<R, 2>::run(p, r0, b0); break;
+    case 1: Tile<R, 1>::run(p, r0, b0); break;
+    default: break;
+  }
+}
+
+template <int R, int B>
+struct Q8 {
+  static void run(const Problem& p, int64_t r0, int64_t b0) { q8_tile<R, B>(p, r0, b0); }
+};
+template <int R, int B>
+struct Q4 {
+  static void run(const Problem& p, int64_t r0, int64_t b0) { q4_tile<R, B>(p, r0, b0); }
+};
+
+template <template <int, int> class Tile>
+void run_rows(const Problem& p) {
+  const int64_t tiles = p.rows / kRows;
+  // A tile reads kRows * cols weights; keep parallel chunks at 64k weights or more.
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * p.cols));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) batch_tiles<Tile, kRows>(p, t * kRows);
+  });
+  for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, r);
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                         const c10::optional<at::Tensor>& offset) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale");
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2, "codes");
+  const int64_t rows = scale.size(0), cols = scale.size(1) * kGroup;
+  TORCH_CHECK(x.size(1) == cols && codes.size(0) == rows, "shapes");
+  at::Tensor y = at::empty({x.size(0), rows}, x.options());
+  Problem p{x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(), nullptr,
+            y.data_ptr<float>(), x.size(0), rows, cols};
+  if (codes.scalar_type() == at::kChar) {
+    TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
+    run_rows<Q8>(p);
+  } else {
+    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
+    TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
+    TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
+    p.offset = offset->data_ptr<float>();
+    run_rows<Q4>(p);
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(linnet_kernels, m) {
+  m.def("packed_linear(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("packed_linear", packed_linear); }

@@ -1,0 +1,57 @@
+"""Linnet's bf16 GEMV (linnet/backends/torch/kernels/bf16_gemv.cpp; docs/torch.md
+"Quantized weights"): used for bf16 linears of at most a few rows where the CPU has
+AVX512-BF16, refused elsewhere; against exact (f64) sums within f32 summation error and
+one bf16 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linnet.backends.torch import kernels, prelude
+
+
+def _native() -> bool:
+    return kernels.cpu_supported() and torch.cpu._is_avx512_bf16_supported()
+
+
+def _bound(x, w, b, exact):
+    """gamma_(K+1) sum |x||w| (+|b|) for the f32 sums, then one rounding to bf16 (unit
+    roundoff 2^-8) of a value that far from the exact one."""
+    n, u = x.shape[-1] + 1, 2.0**-24
+    magnitude = x.double().abs() @ w.double().abs().t() + b.double().abs()
+    f32 = n * u / (1 - n * u) * magnitude
+    return f32 + 2.0**-8 * (exact.abs() + f32)
+
+
+def test_op_offered_exactly_where_the_cpu_has_avx512_bf16():
+    w, x = torch.randn(8, 64).bfloat16(), torch.randn(1, 64).bfloat16()
+    assert (kernels.bf16_linear_op(x, w) is not None) == _native()
+    assert kernels.bf16_linear_op(x.float(), w.float()) is None
+    assert kernels.bf16_linear_op(x, torch.randn(64, 8).bfloat16().t()) is None  # strided
+
+
+@pytest.mark.parametrize("rows,cols,batch", [(97, 576, 1), (5, 64, 3), (1536, 96, 2)])
+def test_linear_lowp_matches_exact_sums(rows, cols, batch, monkeypatch):
+    """97 rows: tiles of 4 and a ragged end; 96 columns: three 32-blocks."""
+    calls = []
+    offered = kernels.bf16_linear_op
+    monkeypatch.setattr(kernels, "bf16_linear_op", lambda *a: calls.append(1) or offered(*a))
+    w, x, b = (torch.randn(s).bfloat16() for s in ((rows, cols), (batch, cols), (rows,)))
+    x[0, 3] = 0.0  # an exact zero among the products
+    got = prelude.linear_lowp(x, w, b)
+    exact = x.double() @ w.double().t() + b.double()
+    assert got.dtype == torch.bfloat16 and got.shape == exact.shape
+    ok = (got.double() - exact).abs() <= _bound(x, w, b, exact)  # NaN fails
+    assert ok.all(), (got.double() - exact).abs().max()
+    assert calls == [1]
+
+
+def test_kernels_off_keeps_torchs_linear(monkeypatch):
+    """LINNET_KERNELS=0: no op offered, linear_lowp is torch's own F.linear, bit for bit."""
+    monkeypatch.setenv("LINNET_KERNELS", "0")
+    w, x = torch.randn(40, 128).bfloat16(), torch.randn(1, 128).bfloat16()
+    assert kernels.bf16_linear_op(x, w) is None
+    torch.testing.assert_close(
+        prelude.linear_lowp(x, w), torch.nn.functional.linear(x, w), rtol=0, atol=0
+    )
