@@ -267,7 +267,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--checkpoint", type=Path, default=None, help="default: a cache folder")
+    ap.add_argument("--torch-threads", type=int, default=None, help="default: torch's own")
     args = ap.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     from linnet.hub import linnet_cache
 
     cache = linnet_cache() / "bench"
@@ -278,7 +283,8 @@ def main() -> None:
         what="Whisper transcription latency, one clip, batch 1 (bench/whisper.py)",
         model="whisper-tiny", checkpoint="whisper-tiny-shape (random weights, transformers init)",
         audio=dict(source="espeak-ng -s 170", text=TEXT, seconds=audio_s, rate=RATE),
-        new_tokens=args.new_tokens, repeats=args.repeats, machine=machine(),
+        new_tokens=args.new_tokens, repeats=args.repeats, torch_threads=args.torch_threads,
+        machine=machine(),
         versions=versions(["torch", "transformers", "ctranslate2", "onnxruntime", "jax", "linnet"]),
         **provenance(), results={},
     )  # fmt: skip
