@@ -207,6 +207,22 @@ def tokenizer_from_gguf(gguf_path: Path, dst: Path) -> list[str]:
     return [Path(f).name for f in tok.save_pretrained(dst)]
 
 
+SIDE_CONFIGS = ("generation_config.json", "preprocessor_config.json")
+
+
+def copy_side_configs(weights: Weights, dst: Path) -> list[str]:
+    """generation_config.json and preprocessor_config.json (Whisper's decoding rules and
+    feature extractor) as the tokenizer folder, else the checkpoint folder, has them."""
+    copied = []
+    for name in SIDE_CONFIGS:
+        for folder in (weights.tokenizer_dir, weights.companion_dir):
+            if folder is not None and (Path(folder) / name).is_file():
+                copy_companion(Path(folder), name, dst)
+                copied.append(name)
+                break
+    return copied
+
+
 def export_hf(
     weights: Weights,
     out_dir: str | Path,
@@ -246,9 +262,8 @@ def export_hf(
             json.dumps(hf_config_for(weights, dtype), indent=2, sort_keys=True) + "\n"
         )
         src = weights.tokenizer_dir
-        if src is not None and (src / "generation_config.json").is_file():
-            copy_companion(src, "generation_config.json", tmp)
-        elif stem == "model":  # a diffusers folder has no generation config
+        copied = copy_side_configs(weights, tmp)
+        if "generation_config.json" not in copied and stem == "model":  # diffusers has none
             (tmp / "generation_config.json").write_text(
                 json.dumps(generation_config_for(weights), indent=2, sort_keys=True) + "\n"
             )

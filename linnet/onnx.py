@@ -148,8 +148,10 @@ class OnnxModel(Model):
         for out in entry["outputs"]:
             io.bind_output(out)
         inplace = set(entry.get("inplace", []))
-        for part in entry["states"]:
+        writes = entry.get("writes", list(entry["states"]))  # exports before reads/writes
+        for part in entry.get("reads", entry["states"]):
             io.bind_ortvalue_input(part, self.state[part])
+        for part in writes:
             if part in inplace:
                 io.bind_ortvalue_output(part + ".next", self.state[part])
             else:
@@ -157,7 +159,7 @@ class OnnxModel(Model):
         self.sessions[name].run_with_iobinding(io)
         results = io.get_outputs()
         n = len(entry["outputs"])
-        for part, value in zip(entry["states"], results[n:]):
+        for part, value in zip(writes, results[n:]):
             self.state[part] = value
         return results[0].numpy()
 

@@ -188,7 +188,7 @@ def load_samples(audio, sampling_rate: int | None, target: int) -> np.ndarray:
             raise LinnetError("sampling_rate is for arrays of samples; a file says its own")
         return read_audio(audio, target)
     samples = check_samples(audio)
-    return resample(samples, sampling_rate or target, target)
+    return resample(samples, target if sampling_rate is None else sampling_rate, target)
 
 
 def transcribe(model, audio, *, language=None, task=None, sampling_rate=None,

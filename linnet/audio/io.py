@@ -10,6 +10,12 @@ import numpy as np
 
 from linnet.errors import AudioError
 
+# Rates audio is recorded at lie between these (4 kHz holds nothing of speech above 2 kHz;
+# 768 kHz is the highest rate audio interfaces record). A rate outside them is a broken
+# header or a wrong argument, and resampling from it would make 16000 / rate times the
+# samples: a header claiming 1 Hz turns 1 s of samples into 4.4 hours (2 GB).
+MIN_RATE, MAX_RATE = 4000, 768000
+
 
 def check_samples(samples, what: str = "audio") -> np.ndarray:
     """Mono samples as float64 [n]: finite, not empty; a [n, channels] array is averaged."""
@@ -32,6 +38,11 @@ def resample(samples, rate: int, target: int = 16000, what: str = "audio") -> np
     """Samples at `rate` Hz as `target` Hz (scipy.signal.resample_poly; unchanged when equal)."""
     if not isinstance(rate, (int, np.integer)) or isinstance(rate, bool) or rate <= 0:
         raise AudioError(f"{what}: the sample rate must be a positive integer, got {rate!r}")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(
+            f"{what}: a sample rate of {rate} Hz is not one audio is recorded at "
+            f"({MIN_RATE} to {MAX_RATE} Hz); is the file's header (or the rate given) right?"
+        )
     x = check_samples(samples, what)
     if rate == target:
         return x
@@ -50,6 +61,8 @@ def read_audio(path, target: int = 16000) -> np.ndarray:
             "reading audio files needs soundfile: pip install 'linnet[audio]'"
         ) from None
     path = Path(path)
+    if path.is_dir():
+        raise AudioError(f"{path}: a folder, not a sound file")
     if not path.is_file():
         raise AudioError(f"{path}: no such file")
     try:

@@ -222,6 +222,8 @@ def _dict(value, path: Path) -> dict:
     return value
 
 
+from linnet.site.bench_speech import SPEECH_METRICS, speech_rows  # noqa: E402 (uses the above)
+
 SUITES = {
     "decoders": ("Decoders: PyTorch, JAX, transformers and llama.cpp", "bench/run.py",
                  DECODER_METRICS, DECODER_METRICS[:3], decoder_rows),
@@ -229,12 +231,16 @@ SUITES = {
                  "bench/encoders.py", ENCODER_METRICS, ENCODER_METRICS[:1], encoder_rows),
     "convert": ("Conversion: HF safetensors to GGUF, Linnet and llama.cpp",
                 "bench/convert.py", CONVERT_METRICS, CONVERT_METRICS, convert_rows),
+    "speech": ("Speech: Whisper on PyTorch, JAX, ONNX Runtime, transformers and CTranslate2",
+               "bench/whisper.py", SPEECH_METRICS, SPEECH_METRICS[:1], speech_rows),
 }  # fmt: skip
 
 
 def suite_of(data: dict, path: Path) -> str:
     """Which writer made this file, from its shape."""
     results = data.get("results")
+    if isinstance(results, dict) and "audio" in data and "new_tokens" in data:
+        return "speech"
     if isinstance(results, dict) and "model" in data and "prompt" in data:
         return "decoders"
     if isinstance(results, dict) and "methods" in data and "inputs" in data:

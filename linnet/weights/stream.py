@@ -61,6 +61,9 @@ class Weights:
     groups: list[TensorGroup]
     reader: Callable[[TensorGroup], list[np.ndarray]]
     tokenizer_dir: Path | None = None  # a folder with tokenizer files, if any
+    # the checkpoint folder, for the other files an export carries (generation_config.json,
+    # preprocessor_config.json) when it has no tokenizer files
+    companion_dir: Path | None = None
     gguf_metadata: dict | None = None  # when read from a GGUF file: its key/values
     origin: str = ""  # a path or a description, for messages and model cards
     close: Callable[[], None] = field(default=lambda: None)
@@ -165,6 +168,7 @@ def from_folder(path: str | Path) -> Weights:
         groups=ordered(weights_map, groups),
         reader=reader,
         tokenizer_dir=folder if _has_tokenizer(folder) else None,
+        companion_dir=folder,
         origin=str(folder),
         packed=packed,
     )
@@ -222,6 +226,7 @@ def from_model(
         groups=ordered(weights_map, groups),
         reader=reader,
         tokenizer_dir=Path(tok) if tok else None,
+        companion_dir=getattr(model, "folder", None),
         gguf_metadata=getattr(model, "gguf_metadata", None),
         origin=str(getattr(model, "origin", "") or "a loaded model"),
     )

@@ -156,3 +156,37 @@ def test_bad_audio_is_refused(tmp_path):
     for call, match in cases:
         with pytest.raises(AudioError, match=match):
             call()
+
+
+def wav_claiming(path, rate: int, seconds: float = 1.0):
+    """A 16 kHz PCM WAV whose header is patched to claim `rate` Hz (byte rate too)."""
+    soundfile.write(path, np.zeros(int(seconds * RATE)) + 0.1, RATE, subtype="PCM_16")
+    raw = bytearray(path.read_bytes())
+    assert raw[24:28] == RATE.to_bytes(4, "little")  # the fmt chunk of a canonical WAV
+    raw[24:28] = rate.to_bytes(4, "little")
+    raw[28:32] = (2 * rate % 2**32).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("rate", [1, 3999, 768001, 2**31 - 1])
+def test_rates_no_audio_is_recorded_at_are_refused(tmp_path, rate):
+    """soundfile reads such headers; resampling 1 Hz to 16 kHz would make 16000 times the
+    samples (2 GB for 1 s), 2**31 - 1 Hz nothing at all: refused, the rate named."""
+    path = wav_claiming(tmp_path / "odd.wav", rate)
+    assert soundfile.info(str(path)).samplerate == rate  # libsndfile takes the header
+    with pytest.raises(AudioError, match=f"{rate} Hz is not one audio is recorded at"):
+        read_audio(path)
+    with pytest.raises(AudioError, match=f"{rate} Hz is not one audio is recorded at"):
+        resample(np.ones(10), rate)
+
+
+@pytest.mark.parametrize("rate", [4000, 768000])
+def test_rates_at_the_bounds_are_read(tmp_path, rate):
+    got = read_audio(wav_claiming(tmp_path / "edge.wav", rate, seconds=0.5))
+    assert got.shape == (round(0.5 * RATE * RATE / rate),)
+
+
+def test_a_folder_is_no_sound_file(tmp_path):
+    with pytest.raises(AudioError, match="a folder, not a sound file"):
+        read_audio(tmp_path)

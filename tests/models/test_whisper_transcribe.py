@@ -22,8 +22,9 @@ torch = pytest.importorskip("torch")
 soundfile = pytest.importorskip("soundfile")
 
 import linnet.torch as lt  # noqa: E402
-from linnet.errors import LinnetError  # noqa: E402
+from linnet.errors import AudioError, LinnetError  # noqa: E402
 from linnet.speech import WhisperRules, transcribe_features  # noqa: E402
+from tests.audio.test_features import wav_claiming  # noqa: E402
 from tests.tiny_whisper import WHISPER_CONFIGS, build_tiny_whisper, reference_model  # noqa: E402
 
 RATE = 16000
@@ -162,17 +163,62 @@ def test_command_line(tiny, tmp_path):
     assert "s of audio in" in done.stderr
 
 
-@pytest.mark.parametrize("kind", ["not audio", "empty file", "no samples", "missing"])
-def test_command_line_refuses_bad_audio(tiny, tmp_path, kind):
-    folder = tiny[0]
-    path = tmp_path / "bad.wav"
+def _bad_audio(kind: str, path):
+    """Write the bad file of `kind` at `path`; return what its error line must say."""
     if kind == "not audio":
         path.write_text("RIFF? no, just text")
+    elif kind == "binary junk":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
     elif kind == "empty file":
         path.write_bytes(b"")
     elif kind == "no samples":
         soundfile.write(path, np.zeros(0), RATE)
+    elif kind == "NaN samples":
+        soundfile.write(path, np.array([0.1, np.nan, 0.2] * 100), RATE, subtype="FLOAT")
+    elif kind.startswith("header rate"):
+        rate = int(kind.split()[-1])
+        wav_claiming(path, rate)
+        return f"{rate} Hz is not one audio is recorded at"
+    elif kind == "a folder":
+        path.mkdir()
+        return "a folder, not a sound file"
+    return dict(missing="no such file", **{"no samples": "0-length", "NaN samples": "NaN"}).get(
+        kind, "not a sound file"
+    )
+
+
+BAD_AUDIO = ["not audio", "binary junk", "empty file", "no samples", "NaN samples", "missing",
+             "a folder", "header rate 1", "header rate 2147483647"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", BAD_AUDIO)
+def test_command_line_refuses_bad_audio(tiny, tmp_path, kind):
+    """Exit 1 and one line `error: FILE: why` (no traceback), before the model loads."""
+    folder = tiny[0]
+    path = tmp_path / "bad.wav"
+    why = _bad_audio(kind, path)
     done = run_cli(folder, path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stderr.startswith("error: ") and str(path) in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: {path}: ") and why in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_transcribe_refuses_bad_samples_and_rates(tiny, tmp_path):
+    """The Python API: 0-length samples, rates that are no rates or none audio is recorded
+    at, and a rate given beside a file (which says its own)."""
+    model = tiny[2]
+    clip = clips()[1]
+    cases = [
+        (dict(audio=np.zeros(0)), AudioError, "0-length"),
+        (dict(audio=clip, sampling_rate=0), AudioError, "positive integer"),
+        (dict(audio=clip, sampling_rate=-16000), AudioError, "positive integer"),
+        (dict(audio=clip, sampling_rate=16000.5), AudioError, "positive integer"),
+        (dict(audio=clip, sampling_rate=10**7), AudioError, "not one audio is recorded at"),
+        (dict(audio=clip, sampling_rate=100), AudioError, "not one audio is recorded at"),
+    ]
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clip, RATE)
+    cases.append((dict(audio=path, sampling_rate=RATE), LinnetError, "a file says its own"))
+    for kw, error, why in cases:
+        with pytest.raises(error, match=why):
+            model.transcribe(**kw)

@@ -4,11 +4,13 @@
     model = to_model(entry, initializers)          # onnx.ModelProto
 
 Inputs keep the source's names (`tokens`), a dim argument (`at`) is an int64
-scalar input, each state part is an input (`kv.3.1`) and an output
-(`kv.3.1.next`), and the entry's result is `output`. Shapes carry the runtime
-dims by name (`B`, `S`), so onnxruntime serves every batch, length and position
-with one model. Params are initializers whose data `initializers` places (the
-exporter puts them in one external file that every entry's model shares).
+scalar input, each state part the entry reads is an input (`kv.3.1`) and each it
+changes an output (`kv.3.1.next`): Whisper's `encode` only writes its `cross` parts and
+`decode` only reads them, so no whole cache passes through. The entry's result is
+`output`. Shapes carry the runtime dims by name (`B`, `S`), so onnxruntime serves every
+batch, length and position with one model. Params are initializers whose data
+`initializers` places (the exporter puts them in one external file that every entry's
+model shares).
 `require`s and table bounds become host-side guards (`Entry.guards`).
 """
 
@@ -53,13 +55,32 @@ def prepare(program: Program, entry: str) -> Entry:
     return Entry(entry, graph, guards, parts)
 
 
+def state_io(graph: Graph) -> tuple[list[str], list[str]]:
+    """The state parts the entry reads (its inputs) and those it changes (its outputs). A
+    write of the whole part (Whisper's `encode` filling `cross`) does not read it."""
+    used = {v for node in graph.nodes if not _overwrites(node) for v in node.inputs}
+    used |= {node.inputs[1] for node in graph.nodes if _overwrites(node)}
+    reads = [name for name, v in graph.states.items() if v in used]
+    writes = [n for n, v in graph.state_outputs.items() if v is not graph.states.get(n)]
+    return reads, writes
+
+
+def _overwrites(node: Node) -> bool:
+    """An `update_slice` whose box is its whole input (the ONNX emitter drops the input)."""
+    if node.op != "update_slice":
+        return False
+    x, update = node.inputs
+    return not partial_axes(x.type.shape, node.attrs["starts"], update.type.shape)
+
+
 def dim_sources(graph: Graph) -> dict[str, tuple]:
     """Where each runtime dim can be read: an input's axis (and the k it is divided by, for
     an axis of k * D), or a scalar dim input."""
     sources: dict[str, tuple[str, int | None]] = {}
     for arg, atom in graph.dim_inputs.items():
         sources[atom] = (arg, None)
-    for name, value in [(v.name, v) for v in graph.inputs] + list(graph.states.items()):
+    read = [(name, graph.states[name]) for name in state_io(graph)[0]]
+    for name, value in [(v.name, v) for v in graph.inputs] + read:
         for axis, d in enumerate(value.type.shape):
             scaled = Poly.lift(d).as_scaled_atom()  # D, or k * D: D = the axis' size / k
             if scaled is not None:
@@ -92,11 +113,13 @@ def to_model(entry: Entry, initializers: list[TensorProto], tied: dict[str, str]
             names[node.output] = result
     inputs = [value_info(v.name, v.type) for v in g.inputs]
     inputs += [helper.make_tensor_value_info(arg, TensorProto.INT64, []) for arg in g.dim_inputs]
-    inputs += [value_info(name, v.type) for name, v in g.states.items()]
+    reads, writes = state_io(g)
+    inputs += [value_info(name, g.states[name].type) for name in reads]
     outputs = []
     for i, v in enumerate(g.outputs):
         outputs.append(_named_output(b, names[v], OUTPUT if i == 0 else f"{OUTPUT}{i}", v))
-    for name, v in g.state_outputs.items():
+    for name in writes:
+        v = g.state_outputs[name]
         outputs.append(_named_output(b, names[v], name + NEXT, v))
     used = {i for n in b.nodes for i in n.input}
     params = [t for t in initializers if t.name in used]
@@ -140,8 +163,10 @@ def guard_json(node: Node) -> dict:
 
 
 def signature(entry: Entry) -> dict:
-    """What a runner needs to call the model: inputs, dims, state parts, guards."""
+    """What a runner needs to call the model: inputs, dims, state parts (those it reads
+    and those it writes), guards."""
     g = entry.graph
+    reads, writes = state_io(g)
 
     def spec(t):
         return {"dtype": t.dtype, "shape": [Poly.lift(d).to_terms() for d in t.shape]}
@@ -150,6 +175,8 @@ def signature(entry: Entry) -> dict:
         "inputs": {v.name: spec(v.type) for v in g.inputs},
         "dims": dict(g.dim_inputs),
         "states": {name: spec(v.type) for name, v in g.states.items()},
+        "reads": reads,
+        "writes": writes,
         "outputs": [OUTPUT if i == 0 else f"{OUTPUT}{i}" for i in range(len(g.outputs))],
         "guards": [guard_json(n) for n in entry.guards],
         "inplace": inplace_parts(g),
