@@ -65,7 +65,7 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False)
 def packed_tensor(t):
     """A GGUF matrix of a packed type (q8_0, q4_0, q4_K) unpacked, else None."""
     kind = t.tensor_type.name.lower()
-    if kind not in PACKED_TYPES or len(t.shape) != 2:
+    if kind not in PACKED_TYPES or len(t.shape) != 2 or isinstance(t, FusedTensor):
         return None
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     return packed_from_ggml(np.asarray(t.data).reshape(-1), kind, shape)

@@ -186,3 +186,26 @@ def test_gguf_to_hf_is_the_original_folder(folders, ggufs, tmp_path):
     assert_bit_exact(folders["untruncated"], out)
     ids = probe_ids(256)
     assert_close(reference_logits(out, ids), reference_logits(folders["untruncated"], ids), atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+def test_typed_exports_keep_mxfp4_experts_and_the_first_token(folders, tmp_path, dtype):
+    """Experts stay MXFP4 whatever the dtype; biases and the router stay f32 (as llama.cpp's
+    converter writes them); llama.cpp picks transformers' next token after the probe."""
+    path = linnet.gguf.export(
+        folders["mxfp4"], tmp_path / f"{dtype}.gguf", dtype=dtype, progress=False
+    )
+    Q = gguf.GGMLQuantizationType
+    for name, t in _gguf_tensors(path).items():
+        if "_exps.weight" in name:
+            want = Q.MXFP4
+        elif name.endswith((".bias", "ffn_gate_inp.weight")) or len(t.shape) == 1:
+            want = Q.F32
+        else:
+            want = Q[dtype.upper()]
+        assert t.tensor_type == want, name
+    ids = probe_ids(256, (1, 24))[0]
+    want = reference_logits(folders["mxfp4"], ids[None])[0, -1]
+    got = _llama_logits(path, ids)[-1]
+    print(f"gpt-oss/mxfp4 {dtype}: llama.cpp last-position max |Δ| {(got - want).abs().max():.3g}")
+    assert int(got.argmax()) == int(want.argmax())
