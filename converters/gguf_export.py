@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from linnet.converters.gguf_mxfp4 import mxfp4_bytes
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 from linnet.converters.gguf_types import (
     GGUF_DTYPES,
@@ -38,6 +39,7 @@ from linnet.core.dtypes import normalize_dtype
 from linnet.errors import UnsupportedArchitecture
 from linnet.weights.casting import blocks, cast_into, write_converted
 from linnet.weights.gguf_metadata import add_metadata, extra_rule, metadata_values
+from linnet.weights.maps.gguf import GgufFused
 from linnet.weights.stream import Weights
 from linnet.weights.tensor_group import TensorGroup
 
@@ -84,9 +86,11 @@ def bulk_writer():
 class Item:
     name: str
     shape: tuple[int, ...]  # numpy order (llama.cpp's ne reversed)
-    kind: str  # f32 / f16 / bf16 / q8_0 / q4_0 ... q6_k
+    kind: str  # f32 / f16 / bf16 / q8_0 / q4_0 ... q6_k, mxfp4 (stored MXFP4 blocks)
     group: TensorGroup | None = None
     data: np.ndarray | None = None  # extra tensors, computed up front (small)
+    fused: GgufFused | None = None  # one of the tensors the group's GGUF tensor is split in
+    part: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +102,9 @@ def write_encoded(src, kind: str, row: int, write) -> None:
     `kind` through `write`, in blocks of whole rows of `row` elements."""
     if kind in ("f32", "f16", "bf16"):
         write_converted(src, kind, write)
+        return
+    if kind == "mxfp4":  # ggml's bytes already (`gguf_mxfp4`)
+        write(memoryview(np.ascontiguousarray(src)).cast("B"))
         return
     from gguf import quants
     from linnet.converters.gguf_quants import quantize_rows
@@ -114,22 +121,33 @@ def write_encoded(src, kind: str, row: int, write) -> None:
         write(memoryview(np.ascontiguousarray(q)).cast("B"))
 
 
+def _group_items(weights: Weights, g: TensorGroup) -> list[Item]:
+    """The GGUF tensors of group `g` (kinds not chosen yet): one, or the parts of a
+    `[gguf.fused]` tensor (GPT-OSS's expert gate and up)."""
+    weights_map = weights.weights_map
+    name = g.rule.gguf_name(g.bindings)
+    if name is None:
+        raise UnsupportedArchitecture(
+            f"{weights_map.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
+        )
+    spec = weights_map.gguf
+    shape = spec.shape_for(name, g.joined_shape)
+    kind = "mxfp4" if g.hf_name in weights.packed else ""
+    fused = spec.fused_for(name)
+    if fused is None:
+        return [Item(name, shape, kind, group=g)]
+    how, parts = fused
+    part_shape = how.part_shape(shape)
+    return [Item(p, part_shape, kind, group=g, fused=how, part=k) for k, p in enumerate(parts)]
+
+
 def plan_items(weights: Weights, dtype: str) -> list[Item]:
     weights_map = weights.weights_map
     spec = weights_map.gguf
-    named = []
-    for g in weights.groups:
-        name = g.rule.gguf_name(g.bindings)
-        if name is None:
-            raise UnsupportedArchitecture(
-                f"{weights_map.path.name}: tensor {g.hf_name} has no GGUF name (gguf = ...)"
-            )
-        named.append((name, g))
-    layout = Layout.of([name for name, _ in named])
-    items = [
-        Item(name, g.joined_shape, tensor_kind(name, g.joined_shape, dtype, layout), group=g)
-        for name, g in named
-    ]
+    items = [it for g in weights.groups for it in _group_items(weights, g)]
+    layout = Layout.of([it.name for it in items])
+    for it in items:
+        it.kind = it.kind or tensor_kind(it.name, it.shape, dtype, layout)
     for name, rule_name in spec.extra.items():
         x, _ = extra_rule(rule_name, weights_map.path.name).export(weights.config)
         if x is not None:
@@ -137,19 +155,29 @@ def plan_items(weights: Weights, dtype: str) -> list[Item]:
     return items
 
 
-def tensor_source(weights: Weights, it: Item):
-    """What item `it` is written from: its computed data, the source file's tensor as it is
-    (a rule without transforms, nothing to permute: joining the split params gives the HF
-    tensor back), or the params joined and permuted by the weights map."""
+def tensor_source(weights: Weights, it: Item, cache: dict):
+    """What item `it` is written from: its computed data, an MXFP4 pair's stored blocks,
+    the source file's tensor as it is (a rule without transforms, nothing to permute:
+    joining the split params gives the HF tensor back), or the params joined and permuted
+    by the weights map (a fused tensor's parts: its slices; the whole is kept in `cache`
+    for the next part)."""
     if it.data is not None:
         return it.data
     g = it.group
+    if it.kind == "mxfp4":
+        return mxfp4_bytes(weights.packed[g.hf_name], it.shape, it.fused, it.part)
     spec = weights.weights_map.gguf
-    if g.source is not None and not g.rule.transforms and not spec.transforms_for(it.name):
-        return g.source
-    parts = weights.read(g)
-    _, x = weights.weights_map.gguf_tensor(g.rule, g.bindings, parts, weights.config)
-    return x
+    name = g.rule.gguf_name(g.bindings)
+    whole = it.fused is None and not g.rule.transforms and not spec.transforms_for(name)
+    if whole and g.source is not None:
+        x = g.source
+    elif cache.get("group") is g:
+        x = cache["x"]
+    else:
+        parts = weights.read(g)
+        _, x = weights.weights_map.gguf_tensor(g.rule, g.bindings, parts, weights.config)
+        cache.update(group=g, x=x)
+    return x if it.fused is None else np.ascontiguousarray(it.fused.take(x, it.part))
 
 
 def model_name(weights: Weights) -> str:
@@ -167,7 +195,7 @@ def _write_metadata(writer, weights: Weights, dtype: str, file_type: int, tokeni
     writer.add_type("model")
     writer.add_name(model_name(weights))
     writer.add_file_type(file_type)
-    if dtype not in ("f32", "f16", "bf16"):
+    if dtype not in ("f32", "f16", "bf16") or weights.packed:  # packed: MXFP4 experts
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_metadata(writer, metadata_values(spec, config))
     for rule_name in spec.extra.values():
@@ -223,13 +251,15 @@ def export_gguf(
                 fout.write(chunk)
                 bar.update(len(chunk))
 
+            cache: dict = {}
             with tqdm(
                 total=total, unit="B", unit_scale=True, desc=out_path.name, disable=not progress
             ) as bar:
                 for it in items:
                     writer.write_padding(fout, fout.tell())
                     start = fout.tell()
-                    write_encoded(tensor_source(weights, it), it.kind, it.shape[-1], write)
+                    src = tensor_source(weights, it, cache)
+                    write_encoded(src, it.kind, it.shape[-1], write)
                     if fout.tell() - start != it.nbytes:
                         raise AssertionError(f"{it.name}: {fout.tell() - start} bytes written")
                     writer.write_padding(fout, it.nbytes)

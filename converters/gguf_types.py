@@ -16,7 +16,8 @@ exports (no experts, no Falcon):
 Then, as llama.cpp's `tensor_type_fallback`: a k-quant whose rows are not whole
 256-blocks becomes q5_0 (q4_K), q5_1 (q5_K) or q8_0 (q6_K), and a type whose rows are
 not whole 32-blocks becomes f16. 1-D tensors (norms, biases) stay f32, and so do the
-tensors llama.cpp never quantizes (position_embd, token_types).
+tensors llama.cpp never quantizes (position_embd, token_types), and in every dtype the
+biases (GPT-OSS's expert biases are 2-D) and the MoE router (`ffn_gate_inp`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ FILE_TYPE = {
     "q5_k_m": "MOSTLY_Q5_K_M",
 }
 NOT_QUANTIZED = ("position_embd.weight", "token_types.weight")
+# Kept f32 in every dtype, as llama.cpp's converter keeps them: anything but a weight (GPT-OSS's
+# expert biases are 2-D) and the MoE router.
+ALWAYS_F32 = (".bias", ".ffn_gate_inp.weight")
 _LAYER = re.compile(r"blk\.(\d+)\.")
 
 
@@ -128,7 +132,7 @@ def fallback(kind: str, cols: int) -> str:
 
 def tensor_kind(name: str, shape: tuple[int, ...], dtype: str, layout: Layout) -> str:
     """The GGUF type of tensor `name` (numpy-order `shape`) in an export as `dtype`."""
-    if len(shape) < 2 or dtype == "f32":
+    if len(shape) < 2 or dtype == "f32" or name.endswith(ALWAYS_F32):
         return "f32"
     if dtype in FLOATS:
         return dtype

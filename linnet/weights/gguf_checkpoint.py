@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 
 from linnet.errors import CheckpointError, UnsupportedArchitecture
+from linnet.weights import mxfp4
 from linnet.weights.casting import HF_NAMES
 from linnet.weights.gguf_header import check_gguf_header
 from linnet.weights.gguf_metadata import config_from_metadata, extra_rule, special_token_ids
 from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
+from linnet.weights.maps.gguf import GgufFused
 
 # Large tokenizer arrays are left out of the key/values a Weights keeps.
 _BULKY = {
@@ -86,16 +88,47 @@ def choose_weights_map(arch: str, fields: dict[str, Any]) -> WeightsMap:
 
 def tensor_data(t) -> np.ndarray:
     """One GGUF tensor in numpy order: float types as they are (BF16 as uint16 bits),
-    quantized types dequantized to f32."""
+    quantized types dequantized to f32 (MXFP4 by Linnet's exact decoder)."""
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
 
+    if isinstance(t, FusedTensor):
+        return t.read()
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     if t.tensor_type in (Q.F32, Q.F16):
         return np.array(t.data).reshape(shape)
     if t.tensor_type == Q.BF16:
         return np.array(t.data).view(np.uint16).reshape(shape)
+    if t.tensor_type == Q.MXFP4:
+        blocks, scales = mxfp4.from_ggml(np.asarray(t.data), shape[-1])
+        return mxfp4.dequantize_rows(blocks, scales).reshape(shape)
     return quants.dequantize(t.data, t.tensor_type).reshape(shape)
+
+
+@dataclass
+class FusedTensor:
+    """One tensor of the source that a GGUF file holds as several (`[gguf.fused]`: GPT-OSS's
+    expert gate and up), with a reader tensor's attributes (`shape` in ggml order)."""
+
+    name: str
+    parts: list  # the gguf package's ReaderTensors
+    how: GgufFused
+
+    @property
+    def tensor_type(self):
+        return self.parts[0].tensor_type
+
+    @property
+    def shape(self) -> np.ndarray:
+        part = tuple(int(d) for d in reversed(self.parts[0].shape.tolist()))
+        return np.array(list(reversed(self.how.whole_shape(part))))
+
+    def read(self) -> np.ndarray:
+        parts = [tensor_data(p) for p in self.parts]
+        if len({(x.shape, x.dtype) for x in parts}) != 1:
+            names = ", ".join(p.name for p in self.parts)
+            raise CheckpointError(f"GGUF tensors {names} differ in shape or type", tensor=self.name)
+        return self.how.join(parts)
 
 
 def _dtype_of(t) -> str:
@@ -109,6 +142,15 @@ def tensor_dtype(t) -> str:
     from gguf import GGMLQuantizationType as Q
 
     return {Q.F16: "f16", Q.BF16: "bf16"}.get(t.tensor_type, "f32")
+
+
+def _with_fused(tensors: dict, spec) -> dict:
+    """The file's tensors with each `[gguf.fused]` set of parts replaced by the whole."""
+    out = dict(tensors)
+    for name, parts in spec.fuse_names(tensors).items():
+        how, _ = spec.fused_for(name)
+        out[name] = FusedTensor(name, [out.pop(p) for p in parts], how)
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,7 +173,7 @@ class GgufCheckpoint:
         if not isinstance(arch, str):
             raise CheckpointError(f"{path}: no general.architecture key", file=str(path))
         self.weights_map = choose_weights_map(arch, self.fields)
-        self.tensors = {t.name: t for t in reader.tensors}
+        self.tensors = _with_fused({t.name: t for t in reader.tensors}, self.weights_map.gguf)
 
     @property
     def stored_dtype(self) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from linnet.core.dtypes import normalize_dtype
-from linnet.weights.gguf_checkpoint import GgufCheckpoint, tensor_data, tensor_dtype
+from linnet.weights.gguf_checkpoint import FusedTensor, GgufCheckpoint, tensor_data, tensor_dtype
 from linnet.weights.gguf_packed import PACKED_TYPES, packed_from_ggml
 from linnet.weights.stream import Weights, full_config, ordered
 from linnet.weights.tensor_group import TensorGroup
@@ -65,7 +65,7 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False)
 def packed_tensor(t):
     """A GGUF matrix of a packed type (q8_0, q4_0, q4_K) unpacked, else None."""
     kind = t.tensor_type.name.lower()
-    if kind not in PACKED_TYPES or len(t.shape) != 2:
+    if kind not in PACKED_TYPES or len(t.shape) != 2 or isinstance(t, FusedTensor):
         return None
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     return packed_from_ggml(np.asarray(t.data).reshape(-1), kind, shape)
@@ -93,6 +93,10 @@ def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:
     return groups
 
 
+def _undo_text(t) -> str:
+    return "transpose" if t.kind == "transpose" else f"rope_unpermute({t.field})"
+
+
 def plan_text(path: str | Path) -> str:
     """`linnet plan` for a GGUF file: metadata, config, and each tensor's params."""
     w = weights_from_gguf(path)
@@ -107,7 +111,9 @@ def plan_text(path: str | Path) -> str:
     for g in w.groups:
         t = g.key
         ts = w.weights_map.gguf.transforms_for(t.name)
-        steps = [f"rope_unpermute({x.field})" for x in ts]
+        steps = [_undo_text(x) for x in reversed(ts)]
+        if isinstance(t, FusedTensor):  # llama.cpp's parts, interleaved back into one
+            steps.insert(0, "interleave(" + " + ".join(p.name for p in t.parts) + ")")
         if g.rule.split_axis is not None:
             steps.append(f"split[{g.rule.split_axis}]")
         shape = "[" + ", ".join(str(int(d)) for d in reversed(t.shape.tolist())) + "]"

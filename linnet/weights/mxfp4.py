@@ -27,15 +27,55 @@ ELEMENT_EMAX = 2  # 6.0 = 1.5 * 2^2: the largest e2m1 exponent
 
 def dequantize(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
     """blocks uint8 [..., R, G, 16], scales uint8 [..., R, G] -> [..., G * 32, R]."""
+    # contiguous: a strided view left as the param made each decode step's expert gather
+    # (index_select) and bmm about 30x slower on the scaled benchmark checkpoint
+    return np.ascontiguousarray(np.swapaxes(dequantize_rows(blocks, scales), -1, -2), dtype)
+
+
+def dequantize_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """blocks uint8 [..., R, G, 16], scales uint8 [..., R, G] -> f32 [..., R, G * 32]."""
     blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != BLOCK // 2:
         raise ValueError(f"MXFP4 blocks {blocks.shape} and scales {scales.shape} do not pair")
-    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1)  # (..., R, G, 16, 2): low first
-    values = CODES[codes.reshape(*blocks.shape[:-1], BLOCK)]  # (..., R, G, 32)
+    values = CODES[_codes(blocks)]  # (..., R, G, 32)
     exponents = scales.astype(np.int32) - SCALE_BIAS
     values = np.ldexp(values, exponents[..., None]).astype(np.float32)
-    rows = values.reshape(*scales.shape[:-1], scales.shape[-1] * BLOCK)  # (..., R, G*32)
-    return np.swapaxes(rows, -1, -2).astype(dtype)
+    return values.reshape(*scales.shape[:-1], scales.shape[-1] * BLOCK)
+
+
+def _codes(blocks: np.ndarray) -> np.ndarray:
+    """HF blocks [..., 16] -> the 32 codes of each block in order (low nibble first)."""
+    return np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], BLOCK)
+
+
+# -- ggml's MXFP4 (GGUF type 39): per block one scale byte, then 16 bytes whose byte j holds
+# code j in its low nibble and code j + 16 in its high nibble (HF's byte j: codes 2j, 2j+1)
+GGML_BLOCK_BYTES = 1 + BLOCK // 2
+
+
+def to_ggml(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """HF blocks [..., R, G, 16] and scales [..., R, G] -> ggml bytes uint8 [..., R, G * 17]."""
+    blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
+    codes = _codes(blocks)
+    half = BLOCK // 2
+    out = np.empty((*scales.shape, GGML_BLOCK_BYTES), np.uint8)
+    out[..., 0] = scales
+    out[..., 1:] = codes[..., :half] | (codes[..., half:] << 4)
+    return out.reshape(*scales.shape[:-1], scales.shape[-1] * GGML_BLOCK_BYTES)
+
+
+def from_ggml(raw: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml bytes of rows of `cols` values (uint8, any shape whose size is whole rows) ->
+    HF (blocks [rows..., G, 16], scales [rows..., G]); the inverse of `to_ggml`."""
+    if cols % BLOCK:
+        raise ValueError(f"MXFP4 rows of {cols} values are not whole blocks of {BLOCK}")
+    g = cols // BLOCK
+    raw = np.asarray(raw, np.uint8).reshape(-1, g, GGML_BLOCK_BYTES)
+    q = raw[..., 1:]
+    codes = np.concatenate([q & 0x0F, q >> 4], axis=-1)  # (rows, G, 32) in order
+    pairs = codes.reshape(*codes.shape[:-1], BLOCK // 2, 2)
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+    return blocks, np.ascontiguousarray(raw[..., 0])
 
 
 def _nearest_codes(magnitude: np.ndarray) -> np.ndarray:

@@ -43,18 +43,21 @@ class NameFormat:
     label: str  # "tensor", "GGUF tensor"
     match: Callable[[WeightsMap, str, Mapping], tuple[Rule, dict] | None]
     ignorable: Callable[[WeightsMap, str], bool]
-    stored_shape: Callable[[Rule, list], tuple[int, ...]]  # ValueError if none fits
+    # (map, rule, bindings, the params' shapes) -> the stored shape; ValueError if none fits
+    stored_shape: Callable[[WeightsMap, Rule, dict, list], tuple[int, ...]]
     name_of: Callable[[Rule, dict], str | None]
     float_only: bool  # GGUF stores quantized blocks too
 
 
-def _hf_stored_shape(rule: Rule, shapes: list) -> tuple[int, ...]:
+def _hf_stored_shape(weights_map: WeightsMap, rule: Rule, values: dict, shapes: list):
     return rule.hf_shape(shapes)
 
 
-def _gguf_stored_shape(rule: Rule, shapes: list) -> tuple[int, ...]:
-    # the params joined in the source's layout ([gguf.transforms] keep the shape)
-    return shapes[0] if rule.split_axis is None else concat_shape(shapes, rule.split_axis)
+def _gguf_stored_shape(weights_map: WeightsMap, rule: Rule, values: dict, shapes: list):
+    # the params joined in the source's layout, then [gguf.transforms] (a transpose moves
+    # axes; the rope permutation keeps the shape)
+    joined = shapes[0] if rule.split_axis is None else concat_shape(shapes, rule.split_axis)
+    return weights_map.gguf.shape_for(rule.gguf_name(values), joined)
 
 
 HF_NAMES = NameFormat(
@@ -125,7 +128,9 @@ def tied_duplicate(ctx: PlanContext, row: TensorGroup) -> Verdict:
         return None
     shapes = [ctx.shape_of(t) for t in row.params]
     try:
-        want = ctx.names.stored_shape(row.rule, shapes) if None not in shapes else None
+        want = None
+        if None not in shapes:
+            want = ctx.names.stored_shape(ctx.weights_map, row.rule, row.bindings, shapes)
     except ValueError:
         want = None
     if want == row.shape:
@@ -169,7 +174,7 @@ def already_loaded(ctx: PlanContext, row: TensorGroup) -> Verdict:
 def wrong_shape(ctx: PlanContext, row: TensorGroup) -> Verdict:
     """A stored shape that the params' shapes do not give."""
     try:
-        want = ctx.names.stored_shape(row.rule, list(row.shapes))
+        want = ctx.names.stored_shape(ctx.weights_map, row.rule, row.bindings, list(row.shapes))
     except ValueError as e:
         return "bad rule", Problem(f"{ctx.names.label} {row.hf}: {e}", row.hf)
     if want == row.shape:

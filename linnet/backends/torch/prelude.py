@@ -318,7 +318,7 @@ def moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit
     top, idx = torch.topk(F.linear(x2, router_w, router_b), top_k, dim=-1)
     weights = softmax_ref(top, -1)  # (N, k)
     n = x2.shape[0]
-    if n * top_k <= w_in.shape[0]:
+    if n * top_k <= w_in.shape[0] and x.device.type != "cpu":
         flat = idx.reshape(-1)
         rows = x2.repeat_interleave(top_k, 0)[:, None]  # (N*k, 1, D)
         h = torch.bmm(rows, w_in.index_select(0, flat))[:, 0] + b_in.index_select(0, flat)

@@ -16,7 +16,7 @@ from typing import Any
 
 from linnet.errors import ConfigError
 from linnet.weights.maps.config import MISSING
-from linnet.weights.maps.rules import compile_pattern
+from linnet.weights.maps.rules import bindings, compile_pattern, fill
 from linnet.weights.maps.transforms import rope_permute, rope_unpermute
 
 GGUF_TYPES = ("u32", "i32", "f32", "bool", "str")
@@ -25,16 +25,61 @@ GGUF_TYPES = ("u32", "i32", "f32", "bool", "str")
 @dataclass(frozen=True)
 class GgufTransform:
     """A source -> GGUF tensor transform: `rope_permute` with the head count taken from a
-    source config field."""
+    source config field, or `transpose` (the last two axes: GPT-OSS's experts are x @ w in
+    the source, [out, in] per expert in llama.cpp)."""
 
     kind: str
-    field: str
+    field: str = ""
 
     def apply(self, x, config: Mapping):
+        if self.kind == "transpose":
+            return x.swapaxes(-1, -2)
         return rope_permute(x, int(config[self.field]))
 
     def invert(self, x, config: Mapping):
+        if self.kind == "transpose":
+            return x.swapaxes(-1, -2)
         return rope_unpermute(x, int(config[self.field]))
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The GGUF shape of a source tensor of `shape`."""
+        if self.kind == "transpose":
+            return (*shape[:-2], shape[-1], shape[-2])
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class GgufFused:
+    """A GGUF tensor the source holds whole and llama.cpp as `parts` (name patterns), each
+    every len(parts)-th slice along `axis`, starting at its index (transformers interleaves
+    GPT-OSS's gate and up: gate = [..., 0::2], up = [..., 1::2])."""
+
+    parts: tuple[str, ...]
+    axis: int
+
+    def names(self, values: Mapping[str, str]) -> list[str]:
+        return [fill(p, values) for p in self.parts]
+
+    def part_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        n, ax = len(self.parts), self.axis
+        if shape[ax] % n:
+            raise ValueError(f"axis {ax} of {list(shape)} does not split into {n} parts")
+        return tuple(d // n if k == ax else d for k, d in enumerate(shape))
+
+    def take(self, x, k: int):
+        """Part `k` of the whole tensor `x`."""
+        index = (slice(None),) * self.axis + (slice(k, None, len(self.parts)),)
+        return x[index]
+
+    def join(self, parts: list):
+        """The whole tensor from its parts (numpy)."""
+        import numpy as np
+
+        return np.stack(parts, axis=self.axis + 1).reshape(self.whole_shape(tuple(parts[0].shape)))
+
+    def whole_shape(self, part: tuple[int, ...]) -> tuple[int, ...]:
+        n = len(self.parts)
+        return tuple(d * n if k == self.axis else d for k, d in enumerate(part))
 
 
 @dataclass(frozen=True)
@@ -62,10 +107,13 @@ class GgufSpec:
     metadata: dict[str, GgufKey] = field(default_factory=dict)
     flags: dict[str, GgufFlag] = field(default_factory=dict)
     extra: dict[str, str] = field(default_factory=dict)
+    fused: dict[str, GgufFused] = field(default_factory=dict)
     _transform_regexes: list = field(init=False, repr=False)
+    _fused_regexes: list = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._transform_regexes = [(compile_pattern(k)[0], v) for k, v in self.transforms.items()]
+        self._fused_regexes = [(compile_pattern(k)[0], v) for k, v in self.fused.items()]
 
     def key(self, pattern: str) -> str:
         return pattern.replace("{arch}", self.arch)
@@ -75,6 +123,35 @@ class GgufSpec:
             if regex.fullmatch(name):
                 return ts
         return ()
+
+    def shape_for(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The GGUF shape of tensor `name` whose params, joined, have `shape`."""
+        for t in self.transforms_for(name):
+            shape = t.shape(shape)
+        return tuple(shape)
+
+    def fused_for(self, name: str) -> tuple[GgufFused, list[str]] | None:
+        """(how, the part names) when `name` is written as several llama.cpp tensors."""
+        for regex, how in self._fused_regexes:
+            values = bindings(regex.fullmatch(name))
+            if values is not None:
+                return how, how.names(values)
+        return None
+
+    def fuse_names(self, names) -> dict[str, list[str]]:
+        """{whole name: its part names} for each fused tensor whose parts are all in
+        `names` (a GGUF file's tensors)."""
+        out = {}
+        for pattern, how in self.fused.items():
+            first = compile_pattern(how.parts[0])[0]
+            for name in names:
+                values = bindings(first.fullmatch(name))
+                if values is None:
+                    continue
+                parts = how.names(values)
+                if all(p in names for p in parts):
+                    out[fill(pattern, values)] = parts
+        return out
 
 
 def _fail(path: Path, msg: str) -> ConfigError:
@@ -86,11 +163,33 @@ def _parse_transforms(path: Path, table: Mapping) -> dict[str, tuple[GgufTransfo
     for name, ts in table.items():
         parsed = []
         for t in ts if isinstance(ts, list) else [ts]:
+            if t == "transpose":
+                parsed.append(GgufTransform("transpose"))
+                continue
             if not (isinstance(t, dict) and set(t) == {"rope_permute"}):
-                raise _fail(path, f"gguf.transforms.{name}: expected {{ rope_permute = F }}")
+                raise _fail(
+                    path, f'gguf.transforms.{name}: expected {{ rope_permute = F }} or "transpose"'
+                )
             parsed.append(GgufTransform("rope_permute", str(t["rope_permute"])))
         out[name] = tuple(parsed)
     return out
+
+
+def _fused_parser(path: Path) -> Callable[[str, Any], GgufFused]:
+    def parse(k: str, v: Any) -> GgufFused:
+        parts = v.get("interleave") if isinstance(v, dict) else None
+        if (
+            set(v if isinstance(v, dict) else ()) != {"interleave", "axis"}
+            or not isinstance(parts, list)
+            or len(parts) < 2
+            or not all(isinstance(p, str) for p in parts)
+            or not isinstance(v["axis"], int)
+            or v["axis"] < 0
+        ):
+            raise _fail(path, f'gguf.fused.{k}: expected {{ interleave = ["...", ...], axis = N }}')
+        return GgufFused(tuple(parts), v["axis"])
+
+    return parse
 
 
 def _key_parser(path: Path) -> Callable[[str, Any], GgufKey]:
@@ -142,7 +241,7 @@ def parse_gguf(path: Path, spec: Any, base: GgufSpec | None) -> GgufSpec | None:
         return base
     if not isinstance(spec, dict):
         raise _fail(path, "[gguf] must be a table")
-    unknown = set(spec) - {"arch", "transforms", "metadata", "flags", "extra"}
+    unknown = set(spec) - {"arch", "transforms", "metadata", "flags", "extra", "fused"}
     if unknown:
         raise _fail(path, f"[gguf]: unknown keys {sorted(unknown)}")
     arch = spec.get("arch", base.arch if base else None)
@@ -157,4 +256,5 @@ def parse_gguf(path: Path, spec: Any, base: GgufSpec | None) -> GgufSpec | None:
         metadata=_merged(base, spec, "metadata", _key_parser(path)),
         flags=_merged(base, spec, "flags", _flag_parser(path)),
         extra=_merged(base, spec, "extra", _extra_parser(path)),
+        fused=_merged(base, spec, "fused", _fused_parser(path)),
     )
