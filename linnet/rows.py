@@ -6,12 +6,13 @@ contract a server schedules requests through.
     logits = rows.step([0, 3], [t0, t3])      # f32[2, vocab]: one token for each listed row
     rows.free(3)                              # row 3 starts afresh at its next prefill
 
-`step` runs the source's `decode_rows` entry over every row (rows not listed are fed their
-next position, so what they write lies past their length and is overwritten before it is
-ever read); `prefill` runs the `decode` entry on one row's slice of the cache, in chunks,
-so a long prompt costs one row's work and leaves the other rows untouched. The cache has
-one slot more than a row holds: a full row that is not stepped still has room for the
-write it is fed.
+`step` runs the source's `decode_rows` entry over the rows from the first listed to the
+last (every row on backends whose row slices are copies, JAX and ONNX); rows in that span
+that are not listed are fed their next position, so what they write lies past their length
+and is overwritten before it is ever read. `prefill` runs the `decode` entry on one row's
+slice of the cache, in chunks, so a long prompt costs one row's work and leaves the other
+rows untouched. The cache has one slot more than a row holds: a full row that is not
+stepped still has room for the write it is fed.
 """
 
 from __future__ import annotations
@@ -78,15 +79,17 @@ class RowDecoder:
             return np.zeros((0, self.model.config["vocab"]), np.float32)
         for r in rows:
             self._check_room(r, 1)
-        tokens = np.zeros((self.rows, 1), np.int64)
-        tokens[rows, 0] = [int(i) for i in ids]
-        at = np.asarray(self.lengths, np.int64)  # idle rows write past their length
+        lo, hi = self._span(rows)
+        picked = [r - lo for r in rows]
+        tokens = np.zeros((hi - lo, 1), np.int64)
+        tokens[picked, 0] = [int(i) for i in ids]
+        at = np.asarray(self.lengths[lo:hi], np.int64)  # idle rows write past their length
         inputs = self.model._inputs(ROWS_ENTRY, [tokens, at])
-        with self._all_rows():
+        with self._rows_state(lo, hi):
             logits = self.model._execute(ROWS_ENTRY, inputs, {"reach": int(at.max())})
         for r in rows:
             self.lengths[r] += 1
-        return _host(logits)[rows]
+        return _host(logits)[picked]
 
     # -- helpers ------------------------------------------------------------------------
     def _row(self, row) -> int:
@@ -101,6 +104,23 @@ class RowDecoder:
                 f"{more} more do not fit"
             )
 
+    def _span(self, rows: list[int]) -> tuple[int, int]:
+        """The rows a step computes: from the first listed to the last where a slice of
+        rows is a view (a step then costs what the rows in use cost), else all of them
+        (a slice would copy the cache)."""
+        if getattr(self.model.arrays, "row_views", False):
+            return min(rows), max(rows) + 1
+        return 0, self.rows
+
+    @contextmanager
+    def _rows_state(self, lo: int, hi: int):
+        if (lo, hi) == (0, self.rows):
+            with self._all_rows():
+                yield
+        else:
+            with self._one_row(lo, hi - lo):
+                yield
+
     @contextmanager
     def _all_rows(self):
         saved, self.model.state = self.model.state, self.state
@@ -110,12 +130,13 @@ class RowDecoder:
             self.state, self.model.state = self.model.state, saved
 
     @contextmanager
-    def _one_row(self, row: int):
-        """The model's state is this row's slice of the cache (a view where the backend
-        has them) while the block runs; what it wrote goes back into the row."""
+    def _one_row(self, row: int, count: int = 1):
+        """The model's state is the slice of `count` rows from `row` (a view where the
+        backend has them) while the block runs; what it wrote goes back into those rows."""
         arrays, saved = self.model.arrays, self.model.state
+        cut = {"count": count} if count != 1 else {}  # JAX and ONNX take one row
         self.model.state = {
-            name: arrays.row(x, self.row_axes[name], row) for name, x in self.state.items()
+            name: arrays.row(x, self.row_axes[name], row, **cut) for name, x in self.state.items()
         }
         try:
             yield

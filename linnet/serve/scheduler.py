@@ -9,6 +9,7 @@ Results go back through each job's `notify` (called from this thread) as `Update
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -64,7 +65,9 @@ class Scheduler:
         self.metrics = metrics
         self.max_queue = max_queue
         self.chunk = chunk
-        self.free_rows = list(range(rows.rows))[::-1]  # row 0 first
+        # a heap: the lowest free row first, so the rows in use stay at the front and a
+        # step computes only up to the last of them (linnet/rows.py)
+        self.free_rows = list(range(rows.rows))
         self.waiting: deque[Job] = deque()
         self.prefilling: list[Job] = []
         self.decoding: list[Job] = []
@@ -137,7 +140,7 @@ class Scheduler:
             if job.cancelled:
                 job.done = True
                 continue
-            job.row = self.free_rows.pop()
+            job.row = heapq.heappop(self.free_rows)
             self.prefilling.append(job)
 
     def _drop_cancelled(self) -> None:
@@ -211,7 +214,7 @@ class Scheduler:
                 phase.remove(job)
         if job.row is not None:
             self.rows.free(job.row)
-            self.free_rows.append(job.row)
+            heapq.heappush(self.free_rows, job.row)
             job.row = None
 
 

@@ -151,23 +151,25 @@ def test_rows_compile(tiny_checkpoint, tmp_path):
 def test_prefill_and_step_leave_other_rows_alone(tiny_checkpoint, tmp_path, backend):
     """The cached keys and values of every token a row holds are unchanged, bit for bit, by
     a call that does not name the row (a step feeds idle rows their next slot, which lies
-    past what they hold)."""
+    past what they hold; on PyTorch a step computes the rows from the first it names to
+    the last, so row 1 sits inside the span of the step of rows 0 and 2)."""
     model = load(tiny_checkpoint("llama"), backend, tmp_path)
     rows = model.rows(3)
     rows.chunk = CHUNK
     rows.prefill(0, list(range(9)))
     rows.prefill(2, list(range(20, 26)))
     for call, touched in (
-        (lambda: rows.prefill(1, list(range(30, 41))), 1),
-        (lambda: rows.step([1], [7]), 1),
-        (lambda: rows.prefill(0, [3, 4]), 0),
+        (lambda: rows.prefill(1, list(range(30, 41))), {1}),
+        (lambda: rows.step([1], [7]), {1}),
+        (lambda: rows.prefill(0, [3, 4]), {0}),
+        (lambda: rows.step([0, 2], [7, 8]), {0, 2}),
     ):
         before = _row_snapshot(rows)
         call()
         after = _row_snapshot(rows)
         for r in range(3):
             same = all(np.array_equal(before[n][r], after[n][r]) for n in before)
-            assert same == (r != touched), f"row {r} {'changed' if same else 'kept'} wrongly"
+            assert same == (r not in touched), f"row {r} {'changed' if same else 'kept'} wrongly"
 
 
 def _row_snapshot(rows) -> dict:
@@ -242,3 +244,42 @@ def test_decode_rows_takes_several_tokens_per_row(tiny_checkpoint, tmp_path, bac
     for r, (text, n) in enumerate(zip(texts, held)):
         want = reference_logits(folder, torch.tensor([text[: n + 3]]))[0, -1].numpy()
         assert_close(_numpy(got)[r], want, atol=F32_TOL, what=f"row {r} after {n + 3} tokens")
+
+
+def _scatter_rows(x, axis, row_axis, positions, update):
+    """The per-row cache write as torch's scatter_ states it (the reference)."""
+    shape = [1] * x.dim()
+    shape[row_axis], shape[axis] = positions.shape
+    return x.scatter_(axis, positions.reshape(shape).expand_as(update), update)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        None,  # a split state, one layer's keys: (B, heads, N, D)
+        (slice(1, 2), slice(0, 1), slice(0, 4), slice(0, 3)),  # the whole state's slice
+        (slice(0, 1), slice(1, 2), slice(1, 3), slice(0, 3)),  # rows 1..2 only
+        (slice(1, 2), slice(0, 1), slice(0, 4), slice(0, 2)),  # 2 of 3 heads: scatter_
+        (slice(0, 1), slice(1, 2), slice(0, 4), slice(0, 3), slice(None), slice(0, 4)),
+    ],
+)
+def test_write_rows_equals_scatter(dtype, cut):
+    """`write_rows` (the generated code's per-row cache write: one index_copy_ where the
+    target's leading axes are one view, scatter_ otherwise) writes what scatter_ writes."""
+    from linnet.backends.torch.prelude import write_rows
+
+    gen = torch.Generator().manual_seed(0)
+    whole = torch.randn(2, 2, 4, 3, 10, 8, generator=gen).to(dtype)  # (layers, k/v, B, ...)
+    if cut is None:
+        whole, cut, axis, row_axis = whole[0, 0], (), 2, 0
+    else:
+        axis, row_axis = 4, 2
+    shape = list(whole[cut].shape)
+    positions = torch.tensor([[0, 1], [5, 6], [8, 9], [2, 3]])[: shape[row_axis]]
+    shape[axis] = 2
+    update = torch.randn(shape, generator=gen).to(dtype)
+    got, want = whole.clone(), whole.clone()
+    write_rows(got[cut], axis, row_axis, positions, update)
+    _scatter_rows(want[cut], axis, row_axis, positions, update)
+    assert torch.equal(got, want)

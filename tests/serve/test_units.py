@@ -3,6 +3,8 @@ characters, and the sampler's cuts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from linnet.serve.sampling import Sampler, SamplingParams
@@ -62,3 +64,83 @@ def test_a_seed_gives_the_same_draws():
     assert [a(logits) for _ in range(20)] == [b(logits) for _ in range(20)]
     c = Sampler(SamplingParams(seed=12))
     assert [a(logits) for _ in range(20)] != [c(logits) for _ in range(20)]
+
+
+# -- incremental decoding: the text equals the decoding of all tokens ------------------------
+_TEXT = (
+    "Héllo wörld, naïve café! 日本語のテキスト、中文字符。 Emoji: 🙂🚀👩‍💻 and ASCII words, "
+    "dashes — “quotes” ‘too’ … ß Ω ∑ ≤ ≥ ﬁ. "
+)
+
+
+def _byte_bpe():
+    """A byte-level BPE (as SmolLM2's) trained here on text with 2-, 3- and 4-byte
+    characters: random ids then cut characters between tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,  # few merges: most multi-byte characters stay cut
+        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([_TEXT] * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def _word_level():
+    import tempfile
+
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.tiny_tokenizer import add_tiny_tokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        add_tiny_tokenizer(Path(folder))
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def check_incremental(tokenizer, sequences, stops=()):
+    """After every token: TextOut's text is the decoding of all tokens so far, cut before
+    the first stop string, and begins with all released so far; the released parts and
+    the flush concatenate to the final text."""
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    for ids in sequences:
+        out = TextOut(decode, list(stops))
+        parts = []
+        for k, token in enumerate(ids):
+            parts.append(out.add(token))
+            full = decode(ids[: k + 1])
+            cuts = [i for i in (full.find(s) for s in stops) if i >= 0]
+            assert out.text == full[: min(cuts)] if cuts else full, (ids[: k + 1], out.text)
+            assert "".join(parts) == out.sent and out.text.startswith(out.sent)
+            if out.stopped:
+                break
+        assert "".join(parts) + out.flush() == out.text
+
+
+def test_incremental_text_equals_full_decode_byte_level():
+    tokenizer = _byte_bpe()
+    rng = np.random.default_rng(0)
+    vocab = len(tokenizer)
+    random_ids = [rng.integers(0, vocab, 60).tolist() for _ in range(30)]
+    encoded = tokenizer(_TEXT)["input_ids"]
+    assert "\ufffd" in "".join(tokenizer.decode([t]) for t in encoded)  # cuts characters
+    with_specials = [encoded[:20] + [0] + encoded[20:40] + [1] + encoded[40:]]
+    check_incremental(tokenizer, random_ids + [encoded] + with_specials)
+    check_incremental(tokenizer, [encoded] * 2 + random_ids[:10], stops=["café", "中文", "🚀"])
+
+
+def test_incremental_text_equals_full_decode_word_level():
+    """Words joined with spaces: a token's text depends on the one before it."""
+    tokenizer = _word_level()
+    rng = np.random.default_rng(1)
+    sequences = [rng.integers(0, 256, 40).tolist() for _ in range(20)]
+    check_incremental(tokenizer, sequences)
+    check_incremental(tokenizer, sequences, stops=["w1", "3 w"])

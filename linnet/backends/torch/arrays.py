@@ -42,15 +42,17 @@ class TorchArrays:
         with torch.inference_mode():  # as the runners use it
             return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=self.device)
 
+    row_views = True  # `row` is a view at any count: rows.py steps only the rows in use
+
     @staticmethod
-    def row(x: torch.Tensor, axis: int, r: int) -> torch.Tensor:
-        """Row r of a state along its batch axis: a view (writes reach x)."""
-        return x.narrow(axis, r, 1)
+    def row(x: torch.Tensor, axis: int, r: int, count: int = 1) -> torch.Tensor:
+        """Rows r..r+count of a state along its batch axis: a view (writes reach x)."""
+        return x.narrow(axis, r, count)
 
     @staticmethod
     def put_row(x: torch.Tensor, axis: int, r: int, part: torch.Tensor) -> torch.Tensor:
-        """x with row r replaced by `part` (nothing to copy when part is x's view)."""
-        view = x.narrow(axis, r, 1)
+        """x with rows r.. replaced by `part` (nothing to copy when part is x's view)."""
+        view = x.narrow(axis, r, part.shape[axis])
         if part.data_ptr() != view.data_ptr() or part.stride() != view.stride():
             with torch.inference_mode():
                 view.copy_(part)

@@ -83,11 +83,12 @@ def _update_rows(a, s, x, update, positions):
         ":" if i == axis else f"{s.dim(lo)}:{s.dim(Poly.lift(lo) + n)}"
         for i, (lo, n) in enumerate(zip(a["starts"], a["sizes"]))
     )
-    write = f"index_copy_({axis}, {positions}, {update})"
     if "row_axis" in a:  # positions [R, S]: row r's tokens go to its own positions
-        shape = [s.dim(n) if i in (a["row_axis"], axis) else "1" for i, n in enumerate(a["sizes"])]
-        at = f"{positions}.reshape({', '.join(shape)}).expand_as({update})"
-        write = f"scatter_({axis}, {at}, {update})"
+        rows = f"{axis}, {a['row_axis']}, {positions}, {update}"
+        if a.get("inplace", False):
+            return Lines([f"write_rows({x}[{index}], {rows})"], x)
+        return Lines([f"_w = {x}.clone()", f"write_rows(_w[{index}], {rows})"], "_w")
+    write = f"index_copy_({axis}, {positions}, {update})"
     if a.get("inplace", False):
         return Lines([f"{x}[{index}].{write}"], x)
     return Lines([f"_w = {x}.clone()", f"_w[{index}].{write}"], "_w")

@@ -145,6 +145,33 @@ def _positions(offset, seq, device):
     return torch.arange(offset, offset + seq, device=device)
 
 
+def write_rows(x, axis, row_axis, positions, update):
+    """In place: x[.., r, .., positions[r, s], ..] = update[.., r, .., s, ..], each row r of
+    `row_axis` at its own positions [R, S] along `axis`. One index_copy_ over x seen as rows
+    of its axes after `axis`: CPU scatter_ on bf16 took ~140 ms per write into a 16-row
+    SmolLM2 cache (index_copy_: ~20 us); scatter_ where x cannot be seen so."""
+    lead = x.shape[:axis]
+    flat = x.view(-1, *x.shape[axis + 1 :]) if row_axis < axis and _mergeable(x, axis) else None
+    if flat is None:
+        shape = [1] * x.dim()
+        shape[row_axis], shape[axis] = positions.shape
+        return x.scatter_(axis, positions.reshape(shape).expand_as(update), update)
+    base = torch.arange(math.prod(lead), device=x.device).reshape(*lead, 1) * x.shape[axis]
+    per_row = [positions.shape[0] if i == row_axis else 1 for i in range(axis)]
+    index = base + positions.reshape(*per_row, positions.shape[1])
+    return flat.index_copy_(0, index.reshape(-1), update.reshape(-1, *x.shape[axis + 1 :]))
+
+
+def _mergeable(x, axis):
+    """Whether x's axes 0..axis can be seen as one (a view, no copy)."""
+    stride = x.stride(axis)
+    for i in range(axis - 1, -1, -1):
+        if x.shape[i] != 1 and x.stride(i) != stride * x.shape[i + 1]:
+            return False
+        stride = x.stride(i) if x.shape[i] != 1 else stride * x.shape[i + 1]
+    return True
+
+
 def _allowed(q_offset, s, t, window, device, causal=True):
     """[S, T] bool (or [B, 1, S, T] for per-row positions [B, S]): key position <= query
     position (and inside the window); without `causal`, keys within window // 2 of the
