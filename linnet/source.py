@@ -77,6 +77,11 @@ class Source:
     def entries(self) -> list[str]:
         return list(dict.fromkeys(f.name for f in self.module.fns if f.kind == "entry"))
 
+    def entry_inputs(self, name: str) -> list[str]:
+        """The argument names of entry `name` (its first declaration); none if it has none."""
+        fn = next((f for f in self.module.fns if f.kind == "entry" and f.name == name), None)
+        return [a.name for a in fn.args] if fn else []
+
     def entries_for(self, config: dict) -> list[str]:
         """The entries this config has: those declared `entry ... if COND` need COND true
         (the others lower to a graph that fails at run time, saying why)."""

@@ -56,12 +56,12 @@ SEED = 1234
 
 def build_tiny(entry, out: Path) -> Path:
     """A random checkpoint shaped like `entry`, built by transformers (diffusers for image
-    decoders)."""
+    decoders and UNets)."""
     from transformers import AutoConfig
 
     fields = scaled_config(entry)
-    if entry.kind == "image-decoder":
-        return build_tiny_image_decoder(entry, fields, out)
+    if entry.kind in ("image-decoder", "unet"):
+        return build_tiny_diffusers(entry, fields, out)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     if entry.kind in ("speech", "image-text"):
         return (build_tiny_speech if entry.kind == "speech" else build_tiny_image_text)(
@@ -110,9 +110,9 @@ def build_tiny_image_text(entry, config, out: Path) -> Path:
     return folder
 
 
-def build_tiny_image_decoder(entry, fields: dict, out: Path) -> Path:
-    """diffusers' AutoencoderKL from the scaled config, weights moved off the
-    initialization (zero biases, unit norms)."""
+def build_tiny_diffusers(entry, fields: dict, out: Path) -> Path:
+    """diffusers' model (AutoencoderKL, UNet2DConditionModel) from the scaled config, weights
+    moved off the initialization (zero biases, unit norms, a UNet's zero conv_out)."""
     import diffusers
 
     torch.manual_seed(SEED)

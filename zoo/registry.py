@@ -146,9 +146,9 @@ def _shape_agrees(stated: dict, hf_config: dict) -> bool:
     return same and all(_shape_agrees(stated[k], hf_config.get(k) or {}) for k in nested)
 
 
-KINDS = ("decoder", "encoder", "vision", "speech", "image-text", "image-decoder")
+KINDS = ("decoder", "encoder", "vision", "speech", "image-text", "image-decoder", "unet")
 #: Kinds whose gate makes its own inputs (pixels, audio, latents): no prompts.
-PROMPTLESS = ("vision", "speech", "image-text", "image-decoder")
+PROMPTLESS = ("vision", "speech", "image-text", "image-decoder", "unet")
 
 
 class Registry:

@@ -26,7 +26,9 @@ one has them, further ones; stage 0 projects iff the real one does).
 Towers with their own widths (Whisper's encoder and decoder, SigLIP's text tower): 2 layers,
 4 heads of 16 each, the FFN ratio kept; Whisper's mel bins kept, 50 source positions (a 1 s
 window of 100 mel frames); SigLIP's text 16 positions. A VAE decoder: widths / (first
-width / 16), 8 groups, at most 2 layers a block.
+width / 16), 8 groups, at most 2 layers a block. A UNet: widths / (first width / 16), heads
+of 8, at most 2 transformer layers a level, 8 groups, text states of 32, time ids of 8, a
+pooled text embedding of 16.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ SOURCE_POSITIONS = 50  # Whisper: 1 s of audio (100 mel frames, halved by the st
 TEXT_POSITIONS = 16  # SigLIP's text
 VAE_WIDTH = 16  # a VAE decoder's first width
 VAE_GROUPS = 8
+UNET_WIDTH = 16  # a UNet's first level
+UNET_HEAD_DIM = 8
+UNET_DEPTH = 2  # transformer layers at most, per level
+UNET_CROSS = 32  # the text states' width
+UNET_TIME_ID = 8  # each time id's embedding
+UNET_TEXT = 16  # the pooled text embedding's width
+UNET_TIME_IDS = 6  # zoo/unet.linnet's n_time_ids: SDXL's size, crop and target size
 #: A tower's heads field -> its width and FFN fields (Whisper's share `dim`).
 TOWERS = {
     "enc_heads": ("dim", "enc_ffn"),
@@ -149,6 +158,7 @@ def shrink(real: dict[str, Any]) -> dict[str, Any]:
     _lengths(real, small)
     _image(real, small)
     _vae(real, small)
+    _unet(real, small)
     if "n_labels" in real:
         small["n_labels"] = LABELS
     return small
@@ -195,6 +205,24 @@ def _vae(real: dict, small: dict) -> None:
     small["channels"] = [w // scale for w in real["channels"]]
     small["groups"] = VAE_GROUPS
     small["layers"] = min(real["layers"], STAGE_DEPTH)
+
+
+def _unet(real: dict, small: dict) -> None:
+    """A UNet: widths / (first width / UNET_WIDTH), heads of UNET_HEAD_DIM, at most
+    UNET_DEPTH transformer layers a level (a level without attention keeps none), VAE_GROUPS
+    groups, narrow text states and time ids (the pooled text width is what add_in leaves)."""
+    if "head_dims" not in real or "depth" not in real:
+        return
+    scale = max(1, real["widths"][0] // UNET_WIDTH)
+    small["widths"] = [w // scale for w in real["widths"]]
+    levels = small["widths"][1:-1]
+    small["heads"] = [max(1, w // UNET_HEAD_DIM) for w in levels]
+    small["head_dims"] = [w // h for w, h in zip(levels, small["heads"])]
+    small["depth"] = [min(d, UNET_DEPTH) for d in real["depth"]]
+    small["groups"] = VAE_GROUPS
+    small["cross_dim"] = UNET_CROSS
+    small["time_id_dim"] = UNET_TIME_ID
+    small["add_in"] = UNET_TEXT + UNET_TIME_IDS * UNET_TIME_ID
 
 
 def _lengths(real: dict, small: dict) -> None:

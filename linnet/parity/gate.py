@@ -6,8 +6,9 @@
 The kind (the entry's `kind`, or what the checkpoint's source has) picks the measure:
 decoders on prompts (linnet.parity.decoder), encoders on one padded batch of sentences
 (linnet.parity.encoder), vision models on random pixels (linnet.parity.vision), speech on
-audio it makes (linnet.parity.speech), image-text models on random pixels and token ids and
-image decoders on random latents (linnet.parity.images).
+audio it makes (linnet.parity.speech), image-text models on random pixels and token ids,
+image decoders on random latents and UNets on random latents and text states
+(linnet.parity.images).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from linnet.errors import LinnetError
 from linnet.parity.decoder import measure_decoder
 from linnet.parity.encoder import measure_encoder, pad_batch
-from linnet.parity.images import measure_image_decoder, measure_image_text
+from linnet.parity.images import measure_image_decoder, measure_image_text, measure_unet
 from linnet.parity.models import BACKENDS, checkpoint_kind, load_linnet, load_reference
 from linnet.parity.prompts import encode_prompts, load_tokenizer
 from linnet.parity.report import OutputFigures, PromptFigures, Report, versions
@@ -257,3 +258,10 @@ class Gate:
         config = plan_checkpoint(self.path)[2]
         model, reference = self.linnet(), self.reference()
         return measure_image_decoder(model, reference, config, self.tolerance)
+
+    def unet(self) -> list[OutputFigures]:
+        from linnet.weights.planning import plan_checkpoint
+
+        config = plan_checkpoint(self.path)[2]
+        model, reference = self.linnet(), self.reference()
+        return measure_unet(model, reference, config, self.tolerance)

@@ -9,7 +9,10 @@
   `get_image_features`, `get_text_features`, and `logits` against `logits_per_image`, with
   the same best text for every image;
 * image-decoder: 2 latents of N(0, 1) (seed 0) of LATENT_SIZE; `decode` against diffusers'
-  `decode(latents).sample`.
+  `decode(latents).sample`;
+* unet: 2 latents of N(0, 1) of UNET_LATENT, timesteps 999 and 17 (both ends of the
+  schedule), 5 text states and a pooled text embedding of N(0, 1), SDXL's time ids (size,
+  crop, target; seed 0); `forward` against diffusers' `UNet2DConditionModel(...).sample`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ TEXTS = 3
 #: The latents' height and width (the image is 8x): small, not square (a transposed image
 #: fails), and the same for tiny and real checkpoints.
 LATENT_SIZE = (6, 8)
+#: A UNet's latents: sides the UNet's three levels halve twice (multiples of 4), not square.
+UNET_LATENT = (8, 12)
+UNET_TEXT_TOKENS = 5
+#: SDXL's time ids: original size, crop top-left, target size (one row per latent).
+TIME_IDS = ((1024.0, 1024.0, 0.0, 0.0, 1024.0, 1024.0), (768.0, 1344.0, 64.0, 32.0, 832.0, 1216.0))
 
 
 def random_texts(config: dict, count: int = TEXTS, seed: int = 0):
@@ -86,3 +94,38 @@ def measure_image_decoder(model, reference, config: dict, tolerance) -> list[Out
     got = np.asarray(model.run("decode", latents))
     label = f"random latents {list(latents.shape)}, seed 0"
     return [compare(got, want, label, "decode", tolerance, tokens=0, rows=int(latents.shape[0]))]
+
+
+def unet_inputs(config: dict, seed: int = 0) -> dict:
+    """`forward`'s arguments, deterministic; the pooled text's width is what add_in leaves."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    batch, ids = len(TIME_IDS), len(TIME_IDS[0])
+    text = config["add_in"] - ids * config["time_id_dim"]
+    return {
+        "sample": torch.randn(batch, config["in_channels"], *UNET_LATENT, generator=g),
+        "timestep": torch.tensor([999.0, 17.0]),
+        "encoder_hidden_states": torch.randn(
+            batch, UNET_TEXT_TOKENS, config["cross_dim"], generator=g
+        ),
+        "text_embeds": torch.randn(batch, text, generator=g),
+        "time_ids": torch.tensor(TIME_IDS),
+    }
+
+
+def measure_unet(model, reference, config: dict, tolerance) -> list[OutputFigures]:
+    """`forward` on made inputs against diffusers' UNet2DConditionModel(...).sample."""
+    import numpy as np
+    import torch
+
+    x = unet_inputs(config)
+    added = {"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]}
+    with torch.no_grad():
+        want = reference(
+            x["sample"], x["timestep"], x["encoder_hidden_states"], added_cond_kwargs=added
+        ).sample
+    got = np.asarray(model.run("forward", *x.values()))
+    shape = list(x["sample"].shape)
+    label = f"random latents {shape}, timesteps 999 and 17, {UNET_TEXT_TOKENS} text states"
+    return [compare(got, want, label, "forward", tolerance, tokens=0, rows=shape[0])]

@@ -20,6 +20,8 @@ from linnet.remote_code import refuse_remote_code
 from linnet.zoo.registry import Entry
 
 BACKENDS = ("torch", "jax", "onnx")
+#: Kinds whose reference is a diffusers model (the others: transformers).
+DIFFUSERS_KINDS = ("image-decoder", "unet")
 
 
 def checkpoint_kind(path: Path) -> str:
@@ -38,6 +40,8 @@ def checkpoint_kind(path: Path) -> str:
         return "decoder" if source.module.states else "image-decoder"
     if "embed" in entries:
         return "encoder"
+    if "timestep" in source.entry_inputs("forward"):
+        return "unet"
     return "image-text" if "embed_text" in entries else "vision"
 
 
@@ -94,7 +98,7 @@ def load_reference(
             "compare Linnet with"
         )
     cls = _reference_class(folder, entry, kind)
-    if kind == "image-decoder":  # diffusers: its own loading arguments, no attention choice
+    if kind in DIFFUSERS_KINDS:  # diffusers: its own loading arguments, no attention choice
         extra, torch_dtype = dict(torch_dtype=torch_dtype), None
     else:
         extra.update(dtype=torch_dtype, attn_implementation="eager")
@@ -122,8 +126,8 @@ def _reference_class(folder: Path, entry: Entry | None, kind: str):
         return transformers.AutoModelForCausalLM
     if kind == "encoder":
         return transformers.AutoModel
-    if kind == "image-decoder":
-        return _diffusers_class(folder, entry)
+    if kind in DIFFUSERS_KINDS:
+        return _diffusers_class(folder, entry, kind)
     config = _read_config(folder) if entry is None else {}
     name = entry.reference_class if entry else (config.get("architectures") or [None])[0]
     cls = getattr(transformers, str(name), None)
@@ -132,14 +136,14 @@ def _reference_class(folder: Path, entry: Entry | None, kind: str):
     return cls
 
 
-def _diffusers_class(folder: Path, entry: Entry | None):
+def _diffusers_class(folder: Path, entry: Entry | None, kind: str):
     """diffusers' model class of an image decoder: the entry's, else config.json's
     `_class_name`; diffusers missing is a CheckpointError (no reference, no gate)."""
     try:
         import diffusers
     except ImportError as err:
         raise CheckpointError(
-            f"{folder}: the image-decoder gate compares with diffusers, which is not "
+            f"{folder}: the {kind} gate compares with diffusers, which is not "
             "installed (pip install 'linnet[diffusion]')"
         ) from err
     name = entry.reference_class if entry else _read_config(folder).get("_class_name")

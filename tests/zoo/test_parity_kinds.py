@@ -1,5 +1,5 @@
-"""The parity gate's kinds whose inputs the gate makes: speech (Whisper), image-text (SigLIP)
-and image decoders (the SD VAE decoder), on parity CI's own tiny random checkpoints
+"""The parity gate's kinds whose inputs the gate makes: speech (Whisper), image-text (SigLIP),
+image decoders (the SD VAE decoder) and UNets (SDXL's), on parity CI's own tiny random checkpoints
 (scripts/parity_ci.py: build_tiny from zoo/scaled.py).
 
 Each passes as built against transformers (diffusers for the VAE), writes a record of its
@@ -32,6 +32,7 @@ KINDS = {
     "whisper-large-v3": ("speech", ["encode", "first", "greedy"]),
     "siglip-base-16-224": ("image-text", ["embed_image", "embed_text", "logits"]),
     "sd-vae-ft-mse": ("image-decoder", ["decode"]),
+    "sdxl-base-unet": ("unet", ["forward"]),
 }
 
 
@@ -75,6 +76,8 @@ PERTURBED = [
     ("siglip-base-16-224", "text_blocks.1.w_fc", ["embed_text", "logits"], ["embed_image"]),
     ("siglip-base-16-224", "layers.1.w_fc", ["embed_image", "logits"], ["embed_text"]),
     ("sd-vae-ft-mse", "up.1.rest.0.conv1_w", ["decode"], []),
+    ("sdxl-base-unet", "down.2.attn.1.blocks.1.k2", ["forward"], []),
+    ("sdxl-base-unet", "add_w1", ["forward"], []),
 ]
 
 
@@ -108,6 +111,8 @@ def test_greedy_tokens_that_differ_fail_the_speech_gate(tiny):
     [
         ("onnx", "siglip-base-16-224"),
         ("onnx", "sd-vae-ft-mse"),
+        pytest.param("onnx", "sdxl-base-unet", marks=pytest.mark.slow),
+        pytest.param("jax", "sdxl-base-unet", marks=pytest.mark.slow),
         pytest.param("jax", "siglip-base-16-224", marks=pytest.mark.slow),
         pytest.param("jax", "sd-vae-ft-mse", marks=pytest.mark.slow),
         pytest.param("onnx", "whisper-tiny", marks=pytest.mark.slow),
@@ -120,7 +125,9 @@ def test_gates_on_the_other_backends(tiny, backend, name):
     assert [f.output for f in report.figures] == KINDS[name][1]
 
 
-@pytest.mark.parametrize("name", ["whisper-tiny", "siglip-base-16-224", "sd-vae-ft-mse"])
+@pytest.mark.parametrize(
+    "name", ["whisper-tiny", "siglip-base-16-224", "sd-vae-ft-mse", "sdxl-base-unet"]
+)
 def test_a_folder_that_is_no_entry_is_gated_as_its_sources_kind(tiny, name):
     folder = tiny(name)
     assert checkpoint_kind(folder) == KINDS[name][0]

@@ -33,8 +33,9 @@ MADE_INPUTS = {
     "speech": ["whisper-tiny", "whisper-large-v3"],
     "image-text": ["siglip-base-16-224"],
     "image-decoder": ["sd-vae-ft-mse"],
+    "unet": ["sdxl-base-unet"],
 }
-PLANNED = ["sam-vit-base", "sdxl-base-unet"]
+PLANNED = ["sam-vit-base"]
 PROMISED = DECODERS + ENCODERS + VISION + sum(MADE_INPUTS.values(), []) + PLANNED
 
 READY = registry().ready()
@@ -188,6 +189,12 @@ def test_scaled_configs_of_the_made_input_kinds_fit_their_references():
     widths = small["block_out_channels"]
     assert len(widths) == 4 and all(w % small["norm_num_groups"] == 0 for w in widths)
     diffusers.AutoencoderKL(**{k: v for k, v in small.items() if not k.startswith("_")})
+    small = scaled_config(registry().get("sdxl-base-unet"))  # SDXL's levels, heads of 8
+    assert small["down_block_types"][0] == "DownBlock2D" and small["layers_per_block"] == 2
+    heads, widths = small["attention_head_dim"], small["block_out_channels"]
+    assert [w // h for w, h in zip(widths, heads)] == [8, 8, 8]
+    assert all(w % small["norm_num_groups"] == 0 for w in widths)
+    diffusers.UNet2DConditionModel(**{k: v for k, v in small.items() if not k.startswith("_")})
 
 
 def test_unknown_names_suggest_close_ones():
