@@ -14,7 +14,7 @@ ruff check $CODE
 python scripts/code_limits.py
 lint-imports
 # A skipped test fails the run (tests/skip_policy.py): only `gpu` tests may skip without a GPU.
-LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs "$@"
+LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs --durations=30 "$@"
 # The JAX path in a virtual environment of its own, without torch.
 bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.
