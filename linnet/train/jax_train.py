@@ -40,6 +40,7 @@ from linnet.train.tokens import IGNORE
 from linnet.weights.checkpoint import open_checkpoint
 from linnet.weights.maps.loading import find_weights_map
 
+BUCKET = 64  # batch lengths padded to a multiple of this (one XLA compile per bucket)
 LAYER_MARK = "linnet_layer"  # the name `remat` saves (jax.ad_checkpoint.checkpoint_name)
 
 
@@ -98,7 +99,16 @@ class JaxLoraModel:
 
     backend = "jax"  # what `linnet.train.trainers` picks the trainer by
 
-    def __init__(self, checkpoint, spec: LoraSpec, *, adapters=None, seed=0, **kw):
+    def __init__(
+        self,
+        checkpoint,
+        spec: LoraSpec,
+        *,
+        adapters=None,
+        seed=0,
+        numerics="equivalent",
+        remat=False,
+    ):
         self.checkpoint, self.spec = checkpoint, spec
         self.base_program = checkpoint.source.program(checkpoint.config)
         self.program, self.targets = add_lora(self.base_program, spec)
@@ -109,8 +119,7 @@ class JaxLoraModel:
         self.dtype = next(iter(base.values())).dtype
         self.frozen = {n: jnp.asarray(base[n]) for n in self.base_program.graphs["forward"].params}
         self.adapters = {n: jnp.asarray(_numpy(initial[n], self.dtype)) for n in self.adapter_names}
-        numerics = kw.get("numerics", "equivalent")
-        self._forward = jax_forward(self.program, numerics, kw.get("remat", False))
+        self._forward = jax_forward(self.program, numerics, remat)
         self._base_forward = jax.jit(jax_forward(self.base_program, numerics))
 
     @classmethod
@@ -197,9 +206,19 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(*steps, adamw)
 
 
-def as_jax_batch(batch) -> tuple:
-    """Torch (ids, labels) from `linnet.train.tokens` as int32 JAX arrays."""
-    return tuple(jnp.asarray(np.asarray(t), jnp.int32) for t in batch)
+def as_jax_batch(batch, bucket: int = 0, limit: int = 0) -> tuple:
+    """Torch (ids, labels) from `linnet.train.tokens` as int32 JAX arrays, right-padded to
+    a multiple of `bucket` tokens (at most `limit`) so that XLA compiles once per bucket,
+    not once per batch length; the padding is after every real token and never labelled,
+    so under the causal mask the loss is unchanged."""
+    ids, labels = (np.asarray(t) for t in batch)
+    width = ids.shape[1]
+    if bucket:
+        rounded = -(-width // bucket) * bucket
+        width = max(width, min(rounded, limit) if limit else rounded)
+    pad = [(0, 0), (0, width - ids.shape[1])]
+    ids, labels = np.pad(ids, pad), np.pad(labels, pad, constant_values=IGNORE)
+    return jnp.asarray(ids, jnp.int32), jnp.asarray(labels, jnp.int32)
 
 
 class JaxTrainer:
@@ -210,8 +229,9 @@ class JaxTrainer:
         if not batches:
             raise LinnetError("no training batches: the data gave no rows")
         self.model, self.loss_fn, self.config = model, loss_fn, config
-        self.batches = [as_jax_batch(b) for b in batches]
-        self.eval_batches = [as_jax_batch(b) for b in eval_batches]
+        limit = model.checkpoint.config["max_positions"]
+        self.batches = [as_jax_batch(b, BUCKET, limit) for b in batches]
+        self.eval_batches = [as_jax_batch(b, BUCKET, limit) for b in eval_batches]
         self.optimizer = optimizer(config)
         self.opt_state = self.optimizer.init(model.adapters)
         self.losses: list[float] = []
