@@ -33,12 +33,12 @@ if str(ROOT) not in sys.path:
 from bench.common import machine, provenance, versions  # noqa: E402
 
 KINDS = ("sft", "dpo", "grpo")
-BOTH = ("linnet-torch", "linnet-jax", "trl")
+BOTH = ("linnet-torch", "trl", "linnet-jax")  # JAX last: its compile is the longest
 METHODS = {"sft": BOTH, "dpo": BOTH, "grpo": ("linnet-torch", "trl")}
 SETTINGS = dict(
-    r=8, alpha=16, targets=["q_proj", "v_proj"], lr=1e-3, batch=2, seed=0, pack=128,
-    steps={"sft": 6, "dpo": 4, "grpo": 4}, train_rows=16, heldout_rows=8, beta=0.1,
-    group=4, max_new_tokens=8, temperature=1.0, digits=1,
+    r=8, alpha=16, targets=["q_proj", "v_proj"], lr=1e-3, batch=2, seed=0, pack=64,
+    steps={"sft": 4, "dpo": 3, "grpo": 3}, train_rows=8, heldout_rows=4, beta=0.1,
+    group=4, max_new_tokens=6, temperature=1.0, digits=1,
 )  # fmt: skip
 LINNET_TARGETS = ("layers.*.wq", "layers.*.wv")
 
@@ -253,34 +253,26 @@ def run_one(kind, method, checkpoint, initial, work: Path) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-def measure(kinds, methods, checkpoint: Path, work: Path) -> dict:
+def measure(kinds, methods, checkpoint: Path, work: Path, save) -> dict:
+    """Every run, kind by kind (Linnet's PyTorch run first: its batches count the tokens);
+    `save(runs)` after each, so a stopped benchmark keeps what it measured."""
     runs: dict = {}
     for kind in kinds:
         initial = initial_adapter(checkpoint, work / f"initial-{kind}")
-        runs[kind] = {}
-        tokens = None
+        runs[kind], tokens = {}, []
         for method in [m for m in METHODS[kind] if m in methods]:
             print(f"{kind} {method} ...", flush=True)
             result = run_one(kind, method, checkpoint, initial, work)
-            if "error" in result:
-                runs[kind][method] = result
-                print(f"  failed: {result['error']}", flush=True)
-                continue
-            tokens = tokens or result["tokens"]  # Linnet's PyTorch batches: the same rows for all
+            if "error" not in result:
+                tokens = tokens or result["tokens"]
+                result = summary(result, tokens)
+                if kind != "grpo":
+                    adapter = work / f"{kind}-{method}" / "adapter"
+                    result["heldout_loss"] = heldout_loss(kind, checkpoint, adapter)
             runs[kind][method] = result
-        for method, result in runs[kind].items():
-            if "error" in result:
-                continue
-            cell = summary(result, tokens or [])
-            if kind != "grpo":
-                cell["heldout_loss"] = heldout_loss(
-                    kind, checkpoint, work / f"{kind}-{method}" / "adapter"
-                )
-            runs[kind][method] = cell
-            print(
-                f"  {kind} {method}: step {cell['step_s']} s, held-out {cell.get('heldout_loss')}"
-            )
-        add_speedups(runs[kind])
+            add_speedups(runs[kind])
+            print(f"  {json.dumps({k: v for k, v in result.items() if k != 'step_times'})}")
+            save(runs)
     return runs
 
 
@@ -330,8 +322,19 @@ def main() -> None:
     kinds = [k for k in a.only.split(",") if k]
     methods = [m for m in a.methods.split(",") if m]
     before = machine()
+
+    def save(runs: dict) -> None:
+        write_record(a.out, before, runs)
+
     with tempfile.TemporaryDirectory(prefix="linnet-bench-train-") as work:
-        runs = measure(kinds, methods, checkpoint, Path(work))
+        runs = measure(kinds, methods, checkpoint, Path(work), save)
+    record = write_record(a.out, before, runs)
+    record["plot"] = plot(runs, a.plot)
+    a.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {a.out}; plot: {record['plot']}")
+
+
+def write_record(out: Path, before: dict, runs: dict) -> dict:
     record = {
         "suite": "training",
         "model": "smollm2",
@@ -343,13 +346,12 @@ def main() -> None:
         "settings": SETTINGS,
         "method": "one process per run; step time: median wall time of the steps after the "
         "first; tokens/s: positions of Linnet's batch (padding included) per steady step; "
-        "held-out loss: Linnet's PyTorch loss of each saved adapter on 8 held-out rows",
+        "held-out loss: Linnet's PyTorch loss of each saved adapter on the held-out rows",
         "runs": runs,
     }
-    record["plot"] = plot(runs, a.plot)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {a.out}; plot: {record['plot']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return record
 
 
 if __name__ == "__main__":
