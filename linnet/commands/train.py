@@ -16,7 +16,7 @@ from linnet.errors import LinnetError
 
 @click.group()
 def train() -> None:
-    """Train LoRA adapters (SFT, DPO) on a checkpoint with Linnet's PyTorch code."""
+    """Train LoRA adapters (SFT, DPO, GRPO) with Linnet's PyTorch code, or its JAX code."""
 
 
 def _options(fn):
@@ -42,6 +42,14 @@ def _options(fn):
         click.option("--resume", is_flag=True, help="continue from the latest checkpoint"),
         click.option("--seed", default=0, show_default=True, type=int),
         click.option("--quiet", is_flag=True, help="no progress bar"),
+        click.option(
+            "--backend", type=click.Choice(["torch", "jax"]), default="torch", show_default=True
+        ),
+        click.option(
+            "--checkpoint-layers",
+            is_flag=True,
+            help="recompute each layer in the backward (torch.utils.checkpoint / jax.checkpoint)",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -54,7 +62,6 @@ def _setup(o: dict, kind: str):
 
     from linnet.parity import load_tokenizer
     from linnet.targets import locate
-    from linnet.train.adapted import LoraModel
     from linnet.train.data import read_jsonl
     from linnet.train.loop import TrainConfig
     from linnet.train.lora import LoraSpec
@@ -69,7 +76,7 @@ def _setup(o: dict, kind: str):
     torch.manual_seed(o["seed"])
     targets = tuple(t.strip() for t in o["targets"].split(",") if t.strip())
     spec = LoraSpec(targets, o["lora_r"], o["lora_alpha"], o["lora_dropout"])
-    model = LoraModel.load(found.checkpoint, spec, seed=o["seed"])
+    model = _model(found.checkpoint, spec, o)
     config = TrainConfig(
         steps=o["steps"],
         lr=o["lr"],
@@ -82,9 +89,25 @@ def _setup(o: dict, kind: str):
     return model, load_tokenizer(found.checkpoint), rows, evals, config
 
 
+def _model(path, spec, o: dict):
+    """A LoraModel (PyTorch) or a JaxLoraModel (`--backend jax`)."""
+    if o["backend"] == "jax":
+        if o["resume"]:
+            raise click.UsageError("--resume is not supported with --backend jax yet")
+        from linnet.train.jax_train import JaxLoraModel
+
+        return JaxLoraModel.load(path, spec, seed=o["seed"], remat=o["checkpoint_layers"])
+    from linnet.train.adapted import LoraModel
+
+    return LoraModel.load(path, spec, seed=o["seed"], checkpoint_layers=o["checkpoint_layers"])
+
+
 def _finish(trainer, o: dict) -> None:
     losses = trainer.run(resume=o["resume"])
     click.echo(f"step {len(losses)}: loss {losses[-1]:.4f} (first {losses[0]:.4f})")
+    click.echo(
+        f"trained by {type(trainer).__name__} on {getattr(trainer.model, 'backend', 'torch')}"
+    )
     for step, value in trainer.evals:
         click.echo(f"eval at step {step}: loss {value:.4f}")
     if o["out"] is not None:
@@ -138,6 +161,8 @@ def grpo(**o) -> None:
     from linnet.train.grpo import GrpoSettings
     from linnet.train.trainers import grpo_trainer
 
+    if o["backend"] == "jax":
+        raise click.UsageError("GRPO runs on --backend torch only (JAX: SFT and DPO)")
     model, tokenizer, rows, _, config = _setup(o, "grpo")
     if any("answer" not in r for r in rows):
         raise LinnetError(f"{o['data']}: every GRPO row needs an 'answer' for the reward")

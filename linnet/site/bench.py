@@ -84,6 +84,16 @@ CONVERT_METRICS = [
     Metric("peak_rss_mb", "peak RSS", "MB", False),
 ]
 
+TRAINING_METRICS = [  # bench/train.py (rows: linnet/site/bench_training.py)
+    Metric("step_s", "step (median)", "s", False),
+    Metric("tokens_s", "throughput", "tokens/s", True),
+    Metric("peak_rss_mb", "peak RSS", "MB", False),
+    Metric("final_loss", "last step's loss", "", False),
+    Metric("heldout_loss", "held-out loss", "", False),
+    Metric("mean_reward", "mean reward", "", True),
+    Metric("first_step_s", "first step", "s", False),
+]
+
 
 def weights_of(checkpoint: str) -> str:
     """Bench checkpoints built at a model's shape with random weights say so in their name."""
@@ -216,6 +226,16 @@ def _convert_notes(result: dict) -> str:
     return "; ".join(parts)
 
 
+ratios_text, figures_of = _ratios, _figures  # for linnet.site.bench_training
+
+
+def training_rows(data: dict, path: Path, entry_for) -> list[BenchRow]:
+    """bench/train.py: runs[kind][method] -> figures (linnet/site/bench_training.py)."""
+    from linnet.site.bench_training import training_rows as rows
+
+    return rows(data, path, entry_for)
+
+
 def _dict(value, path: Path) -> dict:
     if not isinstance(value, dict):
         raise SiteError(f"{path}: a benchmark result holds {type(value).__name__} for an object")
@@ -233,6 +253,8 @@ SUITES = {
                 "bench/convert.py", CONVERT_METRICS, CONVERT_METRICS, convert_rows),
     "speech": ("Speech: Whisper on PyTorch, JAX, ONNX Runtime, transformers and CTranslate2",
                "bench/whisper.py", SPEECH_METRICS, SPEECH_METRICS[:1], speech_rows),
+    "training": ("LoRA training: Linnet (PyTorch, JAX) and TRL + PEFT", "bench/train.py",
+                 TRAINING_METRICS, TRAINING_METRICS[:1], training_rows),
 }  # fmt: skip
 
 
@@ -247,6 +269,8 @@ def suite_of(data: dict, path: Path) -> str:
         return "encoders"
     if isinstance(results, list) and "what" in data:
         return "convert"
+    if data.get("suite") == "training" and isinstance(data.get("runs"), dict):
+        return "training"
     keys = ", ".join(sorted(data)) or "none"
     raise SiteError(f"{path}: not a benchmark result the site knows (top-level keys: {keys})")
 

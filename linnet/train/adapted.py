@@ -21,7 +21,16 @@ from linnet.weights.maps.loading import find_weights_map
 
 
 class LoraModel:
-    def __init__(self, checkpoint, spec: LoraSpec, *, adapters=None, seed=0, numerics="equivalent"):
+    def __init__(
+        self,
+        checkpoint,
+        spec: LoraSpec,
+        *,
+        adapters=None,
+        seed=0,
+        numerics="equivalent",
+        checkpoint_layers=False,
+    ):
         self.checkpoint = checkpoint  # an OpenCheckpoint
         self.spec = spec
         self.numerics = numerics
@@ -37,6 +46,7 @@ class LoraModel:
             trainable=lambda name: name in self.adapter_names,
             lora_dropout=spec.dropout,
             numerics=numerics,
+            checkpointed=checkpoint_layers,  # each layer recomputed in the backward
         )
         self._reference = None
 

@@ -134,8 +134,10 @@ def init_lora(program: Program, targets: list[str], seed: int = 0) -> dict[str, 
     return out
 
 
+# the A weight as the whole entry reads it (`self.layers[0].wq_lora_a`) or as an outlined
+# layer method's argument (`p_wq_lora_a`, `linnet.backends.torch.outlined`)
 _BRANCH_INPUT = re.compile(
-    r"(F\.linear|linear_lowp)\((\w+), (self\.[\w\[\]\.]+" + A_SUFFIX + r")\)"
+    r"(F\.linear|linear_lowp)\((\w+), (self\.[\w\[\]\.]+" + A_SUFFIX + r"|p_\w+" + A_SUFFIX + r")\)"
 )
 
 

@@ -37,6 +37,31 @@ def dpo_step_loss(beta: float):
     return loss
 
 
+def _trainer(model, torch_loss, jax_loss, batches, config, evals):
+    """A `Trainer` for a `LoraModel`, a `JaxTrainer` for a `JaxLoraModel` (backend "jax");
+    `jax_loss()` gives the JAX loss (so jax is imported only when it trains)."""
+    if getattr(model, "backend", "torch") == "jax":
+        from linnet.train.jax_train import JaxTrainer
+
+        return JaxTrainer(model, jax_loss(), batches, config, eval_batches=evals)
+    return Trainer(model, torch_loss, batches, config, eval_batches=evals)
+
+
+def _jax_sft_loss():
+    from linnet.train.jax_train import jax_sft_loss
+
+    return jax_sft_loss
+
+
+def _jax_dpo_loss(beta: float):
+    def make():
+        from linnet.train.jax_train import jax_dpo_loss
+
+        return jax_dpo_loss(beta)
+
+    return make
+
+
 def _sft_batches(model, tokenizer, rows, config, completion_only, pack):
     positions = model.checkpoint.config["max_positions"]
     if pack > positions:
@@ -65,7 +90,7 @@ def sft_trainer(
         if eval_rows
         else []
     )
-    return Trainer(model, sft_step_loss, batches, config, eval_batches=evals)
+    return _trainer(model, sft_step_loss, _jax_sft_loss, batches, config, evals)
 
 
 def _dpo_batches(model, tokenizer, rows, config):
@@ -77,7 +102,7 @@ def _dpo_batches(model, tokenizer, rows, config):
 def dpo_trainer(model, tokenizer, rows, config: TrainConfig, *, beta=0.1, eval_rows=()) -> Trainer:
     batches = _dpo_batches(model, tokenizer, rows, config)
     evals = _dpo_batches(model, tokenizer, eval_rows, config) if eval_rows else []
-    return Trainer(model, dpo_step_loss(beta), batches, config, eval_batches=evals)
+    return _trainer(model, dpo_step_loss(beta), _jax_dpo_loss(beta), batches, config, evals)
 
 
 def grpo_trainer(model, tokenizer, rows, config: TrainConfig, reward, settings, eos) -> Trainer:

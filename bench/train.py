@@ -1,0 +1,358 @@
+"""LoRA training on SmolLM2-135M-Instruct's real weights (issue 17): SFT, DPO and GRPO, each
+by Linnet (PyTorch; JAX for SFT and DPO) and by TRL + PEFT, with the same data, the same
+initial adapter (PEFT's, saved once), seed, hyperparameters and step count.
+
+    python bench/train.py                        # everything, writes bench/results/training.json
+    python bench/train.py --only sft --methods linnet-torch,trl
+
+Each run is a process of its own (peak RSS is the process's): it records each step's loss
+and wall time (the first step apart: it holds JAX's compile), tokens per second (the
+positions of the batch, padding included, per steady step), peak RSS, and saves its adapter.
+One evaluator then scores every adapter on the held-out rows: Linnet's PyTorch loss (SFT:
+mean NLL of completions; DPO: the sigmoid loss against the base), the same code for all.
+GRPO reports the mean reward per step (1-digit multiplications, exact-answer reward).
+The loss-curve plot needs matplotlib (`--plot`); without it the plot is skipped and said so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import machine, provenance, versions  # noqa: E402
+
+KINDS = ("sft", "dpo", "grpo")
+BOTH = ("linnet-torch", "trl", "linnet-jax")  # JAX last: its compile is the longest
+METHODS = {"sft": BOTH, "dpo": BOTH, "grpo": ("linnet-torch", "trl")}
+SETTINGS = dict(
+    r=8, alpha=16, targets=["q_proj", "v_proj"], lr=1e-3, batch=2, seed=0, pack=64,
+    steps={"sft": 4, "dpo": 3, "grpo": 3}, train_rows=8, heldout_rows=4, beta=0.1,
+    group=4, max_new_tokens=6, temperature=1.0, digits=1,
+)  # fmt: skip
+LINNET_TARGETS = ("layers.*.wq", "layers.*.wv")
+
+
+def rows_for(kind: str, count: int, seed: int) -> list[dict]:
+    from linnet.train import datasets
+
+    if kind == "sft":
+        return datasets.instruction_pairs(count, seed)
+    if kind == "dpo":
+        return datasets.preference_pairs(count, seed)
+    return datasets.multiplication_prompts(count, seed, digits=SETTINGS["digits"])
+
+
+def initial_adapter(checkpoint: Path, out: Path) -> Path:
+    """PEFT's initial adapter for the settings (seeded), the start of every run."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SETTINGS["seed"])
+    model = AutoModelForCausalLM.from_pretrained(
+        checkpoint, dtype=torch.float32, trust_remote_code=False
+    )
+    config = LoraConfig(r=SETTINGS["r"], lora_alpha=SETTINGS["alpha"], lora_dropout=0.0,
+                        target_modules=SETTINGS["targets"])  # fmt: skip
+    get_peft_model(model, config).save_pretrained(out)
+    return out
+
+
+# -- the workers: one process per (kind, method) -------------------------------------------
+
+
+def timed(step, times: list):
+    def run(batch):
+        start = time.perf_counter()
+        loss = step(batch)
+        times.append(time.perf_counter() - start)
+        return loss
+
+    return run
+
+
+def linnet_run(kind: str, method: str, checkpoint: Path, initial: Path, out: Path) -> dict:
+    import torch
+
+    from linnet.commands.run import eos_ids
+    from linnet.parity import load_tokenizer
+    from linnet.train.datasets import exact_answer_reward
+    from linnet.train.grpo import GrpoSettings
+    from linnet.train.loop import TrainConfig
+    from linnet.train.trainers import dpo_trainer, grpo_trainer, sft_trainer
+
+    torch.manual_seed(SETTINGS["seed"])
+    tok = load_tokenizer(checkpoint)
+    if method == "linnet-jax":
+        from linnet.train.jax_train import JaxLoraModel as Model
+    else:
+        from linnet.train.adapted import LoraModel as Model
+    model = Model.from_peft(checkpoint, initial)
+    s = SETTINGS
+    config = TrainConfig(steps=s["steps"][kind], lr=s["lr"], batch_size=s["batch"])
+    rows = rows_for(kind, s["train_rows"], s["seed"])
+    if kind == "sft":
+        trainer = sft_trainer(model, tok, rows, config, pack=s["pack"])
+    elif kind == "dpo":
+        trainer = dpo_trainer(model, tok, rows, config, beta=s["beta"])
+    else:
+        config.batch_size = 1  # one prompt, `group` completions per step
+        grpo = GrpoSettings(s["group"], s["max_new_tokens"], s["temperature"], 0.0)
+        reward = lambda text, row: exact_answer_reward(text, row["answer"])  # noqa: E731
+        trainer = grpo_trainer(model, tok, rows, config, reward, grpo, eos_ids(checkpoint, tok))
+    times: list[float] = []
+    trainer.step = timed(trainer.step, times)
+    losses = trainer.run()
+    shapes = [b[0].shape for b in trainer.batches[: len(losses)]] if kind != "grpo" else []
+    tokens = [int(rows) * int(width) for rows, width in shapes]
+    model.save_adapter(out / "adapter")
+    return {"losses": losses, "step_times": times, "tokens": tokens,
+            "rewards": list(getattr(trainer, "rewards", []))}  # fmt: skip
+
+
+def trl_run(kind: str, checkpoint: Path, initial: Path, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from tests.train.trl_reference import _recording, common_args, tokenizer
+
+    torch.manual_seed(SETTINGS["seed"])
+    s = SETTINGS
+    base = AutoModelForCausalLM.from_pretrained(
+        checkpoint, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+    )
+    model = PeftModel.from_pretrained(base, initial, is_trainable=True)
+    args = common_args(out / "run", s["steps"][kind], s["lr"], s["batch"])
+    rows = rows_for(kind, s["train_rows"], s["seed"])
+    trainer_cls, config, extra = _trl_config(kind, args)
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.start)
+
+    trainer = _recording(trainer_cls)(
+        model=model, args=config, train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer(checkpoint), callbacks=[Clock()], **extra,
+    )  # fmt: skip
+    trainer.recorded = []
+    trainer.train()
+    model.save_pretrained(out / "adapter")
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"losses": trainer.recorded, "step_times": times, "tokens": [], "rewards": rewards}
+
+
+def _trl_config(kind: str, args: dict):
+    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+
+    from linnet.train.datasets import exact_answer_reward
+
+    s = SETTINGS
+    if kind == "sft":
+        config = SFTConfig(**args, packing=True, packing_strategy="wrapped",
+                           max_length=s["pack"], completion_only_loss=True)  # fmt: skip
+        return SFTTrainer, config, {}
+    if kind == "dpo":
+        config = DPOConfig(**args, beta=s["beta"], loss_type=["sigmoid"], max_length=512)
+        return DPOTrainer, config, {}
+    args["per_device_train_batch_size"] = s["group"]  # one prompt's group per step
+    config = GRPOConfig(**args, num_generations=s["group"], beta=0.0,
+                        temperature=s["temperature"], max_completion_length=s["max_new_tokens"],
+                        loss_type="dapo")  # fmt: skip
+
+    def reward(completions, answer, **kw):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [exact_answer_reward(t, a) for t, a in zip(texts, answer)]
+
+    return GRPOTrainer, config, {"reward_funcs": reward}
+
+
+def worker(kind: str, method: str, checkpoint: Path, initial: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if method == "trl":
+        result = trl_run(kind, checkpoint, initial, out)
+    else:
+        result = linnet_run(kind, method, checkpoint, initial, out)
+    result["wall_s"] = time.perf_counter() - start
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    (out / "result.json").write_text(json.dumps(result))
+
+
+# -- the parent: runs, one evaluator, the record ------------------------------------------
+
+
+def summary(result: dict, tokens: list[int]) -> dict:
+    """Figures of one run: steady step time (the first step apart), tokens/s, the curve."""
+    times = result["step_times"]
+    steady = times[1:] or times
+    step_s = statistics.median(steady)
+    per_step = statistics.mean(tokens[1:] or tokens) if tokens else None
+    out = {
+        "step_s": round(step_s, 4),
+        "first_step_s": round(times[0], 3),
+        "tokens_s": round(per_step / step_s, 1) if per_step else None,
+        "peak_rss_mb": round(result["peak_rss_mb"], 1),
+        "wall_s": round(result["wall_s"], 2),
+        "final_loss": result["losses"][-1],
+        "losses": result["losses"],
+        "step_times": [round(t, 4) for t in times],
+    }
+    if result["rewards"]:
+        out["rewards"] = result["rewards"]
+        out["mean_reward"] = statistics.mean(result["rewards"])
+    return out
+
+
+def heldout_loss(kind: str, checkpoint: Path, adapter: Path) -> float:
+    """One evaluator for every run: Linnet's PyTorch loss of the adapter on held-out rows."""
+    import torch
+
+    from linnet.parity import load_tokenizer
+    from linnet.train.adapted import LoraModel
+    from linnet.train.loop import TrainConfig
+    from linnet.train.trainers import dpo_trainer, sft_trainer
+
+    s = SETTINGS
+    tok = load_tokenizer(checkpoint)
+    model = LoraModel.from_peft(checkpoint, adapter)
+    rows = rows_for(kind, s["heldout_rows"], s["seed"] + 1000)
+    config = TrainConfig(steps=1, batch_size=s["batch"])
+    if kind == "sft":
+        trainer = sft_trainer(model, tok, rows, config, pack=s["pack"], eval_rows=rows)
+    else:
+        trainer = dpo_trainer(model, tok, rows, config, beta=s["beta"], eval_rows=rows)
+    with torch.no_grad():
+        return trainer.evaluate()
+
+
+def run_one(kind, method, checkpoint, initial, work: Path) -> dict:
+    out = work / f"{kind}-{method}"
+    cmd = [sys.executable, __file__, "--worker", kind, method, str(checkpoint), str(initial),
+           str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": " | ".join(tail)}
+    return json.loads((out / "result.json").read_text())
+
+
+def measure(kinds, methods, checkpoint: Path, work: Path, save) -> dict:
+    """Every run, kind by kind (Linnet's PyTorch run first: its batches count the tokens);
+    `save(runs)` after each, so a stopped benchmark keeps what it measured."""
+    runs: dict = {}
+    for kind in kinds:
+        initial = initial_adapter(checkpoint, work / f"initial-{kind}")
+        runs[kind], tokens = {}, []
+        for method in [m for m in METHODS[kind] if m in methods]:
+            print(f"{kind} {method} ...", flush=True)
+            result = run_one(kind, method, checkpoint, initial, work)
+            if "error" not in result:
+                tokens = tokens or result["tokens"]
+                result = summary(result, tokens)
+                if kind != "grpo":
+                    adapter = work / f"{kind}-{method}" / "adapter"
+                    result["heldout_loss"] = heldout_loss(kind, checkpoint, adapter)
+            runs[kind][method] = result
+            add_speedups(runs[kind])
+            print(f"  {json.dumps({k: v for k, v in result.items() if k != 'step_times'})}")
+            save(runs)
+    return runs
+
+
+def add_speedups(cells: dict) -> None:
+    trl = cells.get("trl", {})
+    for method, cell in cells.items():
+        if method != "trl" and "step_s" in cell and "step_s" in trl:
+            cell["vs"] = {"trl": round(trl["step_s"] / cell["step_s"], 3)}
+
+
+def plot(runs: dict, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "skipped: matplotlib is not installed"
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5))
+    for ax, (kind, cells) in zip(axes if len(runs) > 1 else [axes], runs.items()):
+        for method, cell in cells.items():
+            if "losses" in cell:
+                ax.plot(range(1, len(cell["losses"]) + 1), cell["losses"], label=method, marker=".")
+        ax.set_title(f"LoRA {kind.upper()} on SmolLM2-135M")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return str(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", nargs=5, metavar=("KIND", "METHOD", "CKPT", "INITIAL", "OUT"))
+    ap.add_argument("--only", default=",".join(KINDS))
+    ap.add_argument("--methods", default="linnet-torch,linnet-jax,trl")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "training.json")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "training-loss.png")
+    a = ap.parse_args()
+    if a.worker:
+        kind, method, ckpt, initial, out = a.worker
+        return worker(kind, method, Path(ckpt), Path(initial), Path(out))
+    from tests.checkpoints import build_smollm2
+
+    checkpoint = build_smollm2()
+    kinds = [k for k in a.only.split(",") if k]
+    methods = [m for m in a.methods.split(",") if m]
+    before = machine()
+
+    def save(runs: dict) -> None:
+        write_record(a.out, before, runs)
+
+    with tempfile.TemporaryDirectory(prefix="linnet-bench-train-") as work:
+        runs = measure(kinds, methods, checkpoint, Path(work), save)
+    record = write_record(a.out, before, runs)
+    record["plot"] = plot(runs, a.plot)
+    a.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {a.out}; plot: {record['plot']}")
+
+
+def write_record(out: Path, before: dict, runs: dict) -> dict:
+    record = {
+        "suite": "training",
+        "model": "smollm2",
+        "checkpoint": "smollm2-135m-instruct-f32",
+        **provenance(),
+        "machine": before,
+        "machine_after": machine(),
+        "versions": versions(["torch", "jax", "optax", "trl", "peft", "transformers"]),
+        "settings": SETTINGS,
+        "method": "one process per run; step time: median wall time of the steps after the "
+        "first; tokens/s: positions of Linnet's batch (padding included) per steady step; "
+        "held-out loss: Linnet's PyTorch loss of each saved adapter on the held-out rows",
+        "runs": runs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+if __name__ == "__main__":
+    main()
