@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 import warnings
@@ -32,22 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from linnet.errors import CheckpointError, LinnetError
+from linnet.hub_files import RepoScope
+from linnet.hub_files import blob_sizes as _blob_sizes
+from linnet.hub_files import read_json as _read_json
 from linnet.hub_remote import (  # noqa: F401  (hub_remote's names, as linnet.hub had them)
     HEADER_PROBE,
     TOKENIZER_FILES,
     RemoteCheckpoint,
     RemoteFile,
     _remote_files,
+    index_file,
     plan_for,
     remote_header,
     wanted_files,
     weight_files,
 )
-from linnet.weights.safetensors_io import (
-    INDEX_FILE,
-    Checkpoint,
-    TensorInfo,
-)
+from linnet.weights.safetensors_io import Checkpoint, TensorInfo
 from linnet.zoo import registry as zoo_registry  # the hub uses the zoo, never the reverse
 
 #: Files at least this large are hashed once; a marker remembers the result.
@@ -259,23 +258,6 @@ def _reject(link: Path, blob: Path, why: str) -> None:
 # -- pull ---------------------------------------------------------------------------------
 
 
-def _blob_sizes(storage: Path) -> dict[str, int]:
-    blobs = storage / "blobs"
-    if not blobs.is_dir():
-        return {}
-    return {p.name: p.stat().st_size for p in blobs.iterdir() if not p.name.endswith(".incomplete")}
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{what}: unreadable: {e}", file=str(path)) from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{what}: not a JSON object", file=str(path))
-    return data
-
-
 def _resolve_entry(name: str, registry):
     """(entry or None, repo) for a zoo name or alias, or an HF repo id."""
     if registry is None:
@@ -336,7 +318,10 @@ def pull(
     cache = hub_cache(cache_dir)
     storage = _storage(cache, repo)
     before = _blob_sizes(storage)
-    ask = dict(repo=repo, revision=revision, dtype=dtype, endpoint=endpoint, cache=cache)
+    scope = RepoScope(entry.subfolder if entry is not None else None)  # e.g. a pipeline's unet/
+    ask = dict(
+        repo=repo, revision=revision, dtype=dtype, endpoint=endpoint, cache=cache, scope=scope
+    )
 
     offline = _offline()
     if offline:
@@ -366,33 +351,36 @@ def pull(
     )
 
 
-def _pull_online(*, repo, revision, dtype, endpoint, cache, token):
+def _pull_online(*, repo, revision, dtype, endpoint, cache, scope, token):
     from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
     from huggingface_hub.utils import build_hf_headers
 
     api = HfApi(endpoint=endpoint, token=token)
     with _hub_errors(api, repo, revision, endpoint):
         commit = api.repo_info(repo, revision=revision).sha
-        remote = _remote_files(api.list_repo_tree(repo, revision=commit, recursive=True))
+        listing = _remote_files(api.list_repo_tree(repo, revision=commit, recursive=True))
+    label = f"{repo}@{commit[:12]}"
+    remote = scope.files(listing, label)  # named within the checkpoint folder
 
     def fetch(filename: str) -> Path:
         with _hub_errors(api, repo, revision, endpoint):
             return Path(
                 hf_hub_download(
-                    repo, filename, revision=commit, cache_dir=cache, endpoint=endpoint,
-                    token=token,
+                    repo, scope.path(filename), revision=commit, cache_dir=cache,
+                    endpoint=endpoint, token=token,
                 )
             )  # fmt: skip
 
     if "config.json" not in remote:
-        raise CheckpointError(f"{repo}@{commit[:12]}: no config.json", file="config.json")
-    config = _read_json(fetch("config.json"), f"{repo}/config.json")
-    index = _read_json(fetch(INDEX_FILE), f"{repo}/{INDEX_FILE}") if INDEX_FILE in remote else None
+        raise CheckpointError(f"{label}: no {scope.path('config.json')}", file="config.json")
+    config = _read_json(fetch("config.json"), f"{repo}/{scope.path('config.json')}")
+    shards = index_file(remote)
+    index = _read_json(fetch(shards), f"{repo}/{scope.path(shards)}") if shards else None
     files = wanted_files(set(remote), index)
     weights = weight_files(set(remote), index)
 
     # The plan, from the headers alone, before any weight is downloaded.
-    snapshot = _storage(cache, repo) / "snapshots" / commit
+    snapshot = scope.folder(_storage(cache, repo) / "snapshots" / commit)
     if all((snapshot / w).is_file() for w in weights):
         plan = plan_for(Checkpoint(snapshot), dtype)
     else:
@@ -400,22 +388,20 @@ def _pull_online(*, repo, revision, dtype, endpoint, cache, token):
         headers: dict[str, TensorInfo] = {}
         with _hub_errors(api, repo, revision, endpoint):
             for w in weights:
-                url = hf_hub_url(repo, w, revision=commit, endpoint=endpoint)
+                url = hf_hub_url(repo, scope.path(w), revision=commit, endpoint=endpoint)
                 got = remote_header(url, auth, w, remote[w].size)
                 if index is not None:
                     got = {k: v for k, v in got.items() if index["weight_map"].get(k) == w}
                 headers.update(got)
-        label = f"{repo}@{commit[:12]}"
         plan = plan_for(RemoteCheckpoint(label, config, headers, weights), dtype)
     plan.check()
 
     with _hub_errors(api, repo, revision, endpoint):
-        folder = Path(
-            snapshot_download(
-                repo, revision=commit, allow_patterns=files, cache_dir=cache,
-                endpoint=endpoint, token=token,
-            )
+        downloaded = snapshot_download(
+            repo, revision=commit, allow_patterns=[scope.path(f) for f in files],
+            cache_dir=cache, endpoint=endpoint, token=token,
         )  # fmt: skip
+    folder = scope.folder(Path(downloaded))
     for f in files:
         verify_file(folder, f, remote.get(f))
     # Remember what the branch or tag pointed at, as hf_hub_download does, so that an
@@ -426,7 +412,7 @@ def _pull_online(*, repo, revision, dtype, endpoint, cache, token):
     return folder, commit, files, plan_for(Checkpoint(folder), dtype).check()
 
 
-def _pull_cached(*, repo, revision, dtype, endpoint, cache):
+def _pull_cached(*, repo, revision, dtype, endpoint, cache, scope):
     """The same pull from the cache alone: the snapshot must hold every file a pull fetches."""
     storage = _storage(cache, repo)
     commit = revision
@@ -443,24 +429,24 @@ def _pull_cached(*, repo, revision, dtype, endpoint, cache):
     from huggingface_hub._tree_cache import read_tree_cache
 
     listing = read_tree_cache(str(storage), commit) or {}
-    remote = {
+    everything = {
         path: RemoteFile(path, t.lfs_size or t.size, t.lfs_sha256, t.blob_id)
         for path, t in listing.items()
-    }
-    names = set(remote) or {
-        str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if not p.is_dir()
-    }
-    index = _read_json(snapshot / INDEX_FILE, INDEX_FILE) if INDEX_FILE in names else None
-    files = wanted_files(names, index)
-    missing = [f for f in files if not (snapshot / f).exists()]
+    } or {str(p.relative_to(snapshot)): None for p in snapshot.rglob("*") if not p.is_dir()}
+    remote = scope.files(everything, f"{repo}@{commit[:12]} (cached)")
+    folder = scope.folder(snapshot)
+    shards = index_file(remote)
+    index = _read_json(folder / shards, scope.path(shards)) if shards else None
+    files = wanted_files(set(remote), index)
+    missing = [scope.path(f) for f in files if not (folder / f).exists()]
     if missing:
         raise HubUnreachable(
             f"{repo} at {revision}: the cached snapshot lacks {', '.join(missing[:3])} and the "
             "Hub is not used: pull it again with the Hub reachable"
         )
     for f in files:
-        verify_file(snapshot, f, remote.get(f))
-    return snapshot, commit, files, plan_for(Checkpoint(snapshot), dtype).check()
+        verify_file(folder, f, remote.get(f))
+    return folder, commit, files, plan_for(Checkpoint(folder), dtype).check()
 
 
 # -- lock ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from linnet.weights.safetensors_io import (
     MAX_HEADER_BYTES,
     PICKLE_SUFFIXES,
     SINGLE_FILE,
+    WEIGHT_STEMS,
     TensorInfo,
     parse_header,
 )
@@ -57,8 +58,16 @@ def _remote_files(repo_files) -> dict[str, RemoteFile]:
     return out
 
 
+def index_file(names) -> str | None:
+    """The shard index among `names`, as `Checkpoint` looks for it: transformers', then
+    diffusers' (`diffusion_pytorch_model.safetensors.index.json`)."""
+    indexes = (f"{stem}.safetensors.index.json" for stem in WEIGHT_STEMS)
+    return next((i for i in indexes if i in names), None)
+
+
 def weight_files(names: set[str], index: dict | None) -> list[str]:
-    """The safetensors files Linnet loads: the sharded set an index names, or model.safetensors.
+    """The safetensors files Linnet loads: the sharded set an index names, or model.safetensors
+    (diffusers': diffusion_pytorch_model.safetensors; never a variant such as its .fp16.).
     Pickled weights are never among them."""
     if index is not None:
         shards = sorted(set((index.get("weight_map") or {}).values()))
@@ -69,8 +78,10 @@ def weight_files(names: set[str], index: dict | None) -> list[str]:
                 file=missing[0],
             )
         return shards
-    if SINGLE_FILE in names:
-        return [SINGLE_FILE]
+    single = (f"{stem}.safetensors" for stem in WEIGHT_STEMS)
+    found = next((f for f in single if f in names), None)
+    if found is not None:
+        return [found]
     pickled = sorted(n for n in names if PurePosixPath(n).suffix in PICKLE_SUFFIXES)
     if pickled:
         raise PickledCheckpoint(

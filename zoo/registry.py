@@ -92,6 +92,7 @@ class Entry:
     config: dict[str, Any] = field(default_factory=dict)
     needs: str = ""  # planned entries: what the compiler still lacks
     kind: str = "decoder"  # "encoder": sentences, parity on embeddings; "vision": on images
+    subfolder: str | None = None  # the repo folder that is the checkpoint (a pipeline's "unet")
 
     @property
     def ready(self) -> bool:
@@ -272,6 +273,16 @@ def _entry_tiny(tiny: dict, spec: dict, where: str) -> dict:
     return out
 
 
+def _subfolder(spec: dict, where: str) -> str | None:
+    """`subfolder`: one folder name of the repo (no nesting, no `..`), or None."""
+    sub = spec.get("subfolder")
+    if sub is None:
+        return None
+    if not (isinstance(sub, str) and re.fullmatch(r"[\w.-]+", sub)) or sub in (".", ".."):
+        raise LinnetError(f"{where}: subfolder = {sub!r}: expected one folder name, e.g. 'unet'")
+    return sub
+
+
 def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE) -> Registry:
     data = _read(entries)
     pins = read_revisions(revisions)
@@ -313,6 +324,7 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
                 tiny_tolerances=_entry_tiny(tiny, spec, where) if kind == "decoder" else {},
                 config=dict(spec.get("config", {})),
                 kind=kind,
+                subfolder=_subfolder(spec, where),
             )
         )
     for name, spec in data.get("planned", {}).items():
@@ -325,6 +337,7 @@ def load_registry(entries: Path = ENTRIES_FILE, revisions: Path = REVISIONS_FILE
                 status="planned",
                 revision=pins.get(spec["repo"]),
                 needs=spec.get("needs", ""),
+                subfolder=_subfolder(spec, f"{entries} [planned.{name}]"),
             )
         )
     kind_defaults = {

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = [
     (
         "converters",
-        ("linnet.targets", "linnet.hub", "linnet.hub_remote", "linnet.parity", "linnet.commands",
-         "linnet.cli", "linnet.torch", "linnet.jax", "linnet.runtime"),
+        ("linnet.targets", "linnet.hub", "linnet.hub_remote", "linnet.hub_files", "linnet.parity",
+         "linnet.commands", "linnet.cli", "linnet.torch", "linnet.jax", "linnet.runtime"),
         "converters write files from a Weights stream; resolving, pulling and loading are the "
         "front doors' business",
     ),
