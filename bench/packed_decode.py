@@ -12,7 +12,7 @@ them), and each figure is the median over rounds. `--threads 1` times CPU time
 decode steps are timed (llama.cpp: `eval` of the sampled token; both use `threads` threads
 for the prompt too). The GGUF files are bench/run.py's
 exports (`bench/results/gguf/<checkpoint>/model-<dtype>.gguf`). Writes
-bench/results/packed_decode.json with the machine (CPU flags, load) and the figures.
+bench/results/checks/packed_decode.json with the machine (CPU flags, load) and the figures.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompt", type=int, default=36)
     parser.add_argument("--new", type=int, default=24)
-    parser.add_argument("--out", type=Path, default=RESULTS / "packed_decode.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "checks" / "packed_decode.json")
     args = parser.parse_args(argv)
     import torch
 

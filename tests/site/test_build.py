@@ -31,7 +31,7 @@ def parse(page: Path):
 
 
 def test_every_page_is_well_formed_html_and_xml(site):
-    assert len(pages(site)) == len(list(registry())) + 8  # index, matrix, language, 5 bench
+    assert len(pages(site)) == len(list(registry())) + 9  # index, matrix, language, 6 bench
     for page in pages(site):
         parse(page)
         text = page.read_text(encoding="utf-8")
