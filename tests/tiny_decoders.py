@@ -119,6 +119,23 @@ TINY_EDGES: dict[tuple[str, str], str] = {
     ("GPT2LMHeadModel", "base"): "learned positions (n_positions 128), Conv1D, tied",
 }
 
+#: Variants only named tests build (the per-architecture suites iterate TINY_CONFIGS alone):
+#: KV heads fewer than ranks for the tensor-parallel tests (4 query heads over one KV head).
+SIDE_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
+    ("LlamaForCausalLM", "kv1"): dict(_LLAMA, n_heads=4, n_kv=1),
+}
+SIDE_EDGES = {("LlamaForCausalLM", "kv1"): "one KV head (fewer than 2 ranks)"}
+
+
+def tiny_fields(arch: str, variant: str) -> dict[str, Any]:
+    """The source config fields of a tiny variant (TINY_CONFIGS or SIDE_CONFIGS)."""
+    arch = canon_arch(arch)
+    known = {**TINY_CONFIGS, **SIDE_CONFIGS}
+    if (arch, variant) not in known:
+        raise KeyError(f"no tiny config for {(arch, variant)}; known: {sorted(known)}")
+    return known[(arch, variant)]
+
+
 ARCH_ALIASES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -180,7 +197,7 @@ def tiny_config(arch: str, fields: dict[str, Any], kind: str = "decoder"):
 
 
 def _config_for(arch: str, variant: str):
-    return tiny_config(arch, TINY_CONFIGS[(arch, variant)])
+    return tiny_config(arch, tiny_fields(arch, variant))
 
 
 @torch.no_grad()
@@ -278,8 +295,7 @@ def build_tiny(
     its greedy continuation; ``linnet_tiny.json`` in the folder records the seed and the gap.
     """
     arch = canon_arch(arch)
-    if (arch, variant) not in TINY_CONFIGS:
-        raise KeyError(f"no tiny config for {(arch, variant)}; known: {sorted(TINY_CONFIGS)}")
+    tiny_fields(arch, variant)  # a KeyError naming the known variants
     out_dir = Path(out_dir) if out_dir is not None else cache_root() / "tiny"
     target = out_dir / (f"{arch}-{variant}" + (f"-v{vocab_size}" if vocab_size else ""))
     marker = target / _MARKER
@@ -298,7 +314,7 @@ def build_tiny(
         info = {
             "arch": arch,
             "variant": variant,
-            "edge": TINY_EDGES[(arch, variant)],
+            "edge": TINY_EDGES.get((arch, variant)) or SIDE_EDGES[(arch, variant)],
             "seed": seed,
             "min_probe_gap": gap,
             "probe_shape": list(PROBE_SHAPE),

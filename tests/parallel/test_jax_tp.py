@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.numeric import assert_within
-from tests.parallel import variants  # noqa: F401  (the one-KV-head variant)
 from tests.tiny_decoders import build_tiny
 
 CHECKPOINTS = [("llama", "base"), ("llama", "kv1"), ("qwen3", "base"), ("gpt2", "base")]

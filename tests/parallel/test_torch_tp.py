@@ -25,7 +25,6 @@ from linnet.shard.rewrite import local_program
 from linnet.source import Source
 from tests import tiny_decoders
 from tests.numeric import assert_within
-from tests.parallel import variants  # noqa: F401  (the one-KV-head variant)
 from tests.parallel.launch import run_ranks
 from tests.tiny_decoders import build_tiny, probe_ids, reference_greedy
 
@@ -42,7 +41,7 @@ NEW_TOKENS = 6
 
 
 def _plan(arch: str, variant: str, world: int, **over):
-    fields = dict(tiny_decoders.TINY_CONFIGS[(tiny_decoders.canon_arch(arch), variant)], **over)
+    fields = dict(tiny_decoders.tiny_fields(arch, variant), **over)
     fields.setdefault("act", "f32")
     src = Source.load(f"zoo/{'gpt2' if arch == 'gpt2' else 'llama'}.linnet")
     return derive_plan(src.program(src.config(fields)), world)
