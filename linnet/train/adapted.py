@@ -13,14 +13,13 @@ from pathlib import Path
 
 import torch
 
-from linnet.train.lora import LoraSpec, add_lora, init_lora, lora_names
+from linnet.train.lora import LoraSpec
+from linnet.train.lora_base import LoraCheckpoint
 from linnet.train.module import trainable_module
-from linnet.train.peft_format import load_adapter, merge_lora, save_adapter
-from linnet.weights.checkpoint import open_checkpoint
-from linnet.weights.maps.loading import find_weights_map
+from linnet.train.peft_format import merge_lora, save_adapter
 
 
-class LoraModel:
+class LoraModel(LoraCheckpoint):
     def __init__(
         self,
         checkpoint,
@@ -31,15 +30,9 @@ class LoraModel:
         numerics="equivalent",
         checkpoint_layers=False,
     ):
-        self.checkpoint = checkpoint  # an OpenCheckpoint
-        self.spec = spec
+        initial = self._adapt(checkpoint, spec, adapters, seed)
         self.numerics = numerics
-        self.base_program = checkpoint.source.program(checkpoint.config)
         self.base = checkpoint.torch_params()
-        self.program, self.targets = add_lora(self.base_program, spec)
-        initial = init_lora(self.program, self.targets, seed)
-        initial.update(adapters or {})
-        self.adapter_names = [n for t in self.targets for n in lora_names(t)]
         self.module = trainable_module(
             self.program,
             {**self.base, **{k: v.to(self.dtype) for k, v in initial.items()}},
@@ -49,25 +42,6 @@ class LoraModel:
             checkpointed=checkpoint_layers,  # each layer recomputed in the backward
         )
         self._reference = None
-
-    @classmethod
-    def load(cls, path, spec: LoraSpec, *, dtype="f32", **kwargs) -> LoraModel:
-        return cls(open_checkpoint(path, dtype=dtype), spec, **kwargs)
-
-    @classmethod
-    def from_peft(cls, path, adapter_folder, *, dtype="f32", **kwargs) -> LoraModel:
-        """The checkpoint with a PEFT adapter folder's LoRA weights (and its r, alpha)."""
-        ck = open_checkpoint(path, dtype=dtype)
-        names = ck.source.program(ck.config).params
-        adapters, spec, _ = load_adapter(adapter_folder, cls._wmap(ck), names)
-        return cls(ck, spec, adapters=adapters, **kwargs)
-
-    @staticmethod
-    def _wmap(ck):
-        return find_weights_map(ck.hf_config["architectures"][0])
-
-    def wmap(self):
-        return self._wmap(self.checkpoint)
 
     @property
     def dtype(self):

@@ -34,11 +34,10 @@ from linnet.errors import LinnetError
 from linnet.ir.outline import outline
 from linnet.ir.program import Program
 from linnet.train.loop import TrainConfig
-from linnet.train.lora import LoraSpec, add_lora, init_lora, lora_names
-from linnet.train.peft_format import load_adapter, merge_lora, save_adapter
+from linnet.train.lora import LoraSpec
+from linnet.train.lora_base import LoraCheckpoint
+from linnet.train.peft_format import merge_lora, save_adapter
 from linnet.train.tokens import IGNORE
-from linnet.weights.checkpoint import open_checkpoint
-from linnet.weights.maps.loading import find_weights_map
 
 BUCKET = 64  # batch lengths padded to a multiple of this (one XLA compile per bucket)
 LAYER_MARK = "linnet_layer"  # the name `remat` saves (jax.ad_checkpoint.checkpoint_name)
@@ -93,7 +92,7 @@ def jax_forward(program: Program, numerics: str = "equivalent", remat: bool = Fa
     return jax.checkpoint(module.forward, policy=policy)
 
 
-class JaxLoraModel:
+class JaxLoraModel(LoraCheckpoint):
     """A checkpoint's params on JAX with LoRA adapters: `logits(adapters, ids)` is the
     function to differentiate, `reference(ids)` the base with adapters disabled."""
 
@@ -109,34 +108,13 @@ class JaxLoraModel:
         numerics="equivalent",
         remat=False,
     ):
-        self.checkpoint, self.spec = checkpoint, spec
-        self.base_program = checkpoint.source.program(checkpoint.config)
-        self.program, self.targets = add_lora(self.base_program, spec)
-        initial = init_lora(self.program, self.targets, seed)
-        initial.update(adapters or {})
-        self.adapter_names = [n for t in self.targets for n in lora_names(t)]
+        initial = self._adapt(checkpoint, spec, adapters, seed)
         base = checkpoint.numpy_params()
         self.dtype = next(iter(base.values())).dtype
         self.frozen = {n: jnp.asarray(base[n]) for n in self.base_program.graphs["forward"].params}
         self.adapters = {n: jnp.asarray(_numpy(initial[n], self.dtype)) for n in self.adapter_names}
         self._forward = jax_forward(self.program, numerics, remat)
         self._base_forward = jax.jit(jax_forward(self.base_program, numerics))
-
-    @classmethod
-    def load(cls, path, spec: LoraSpec, *, dtype="f32", **kwargs) -> JaxLoraModel:
-        return cls(open_checkpoint(path, dtype=dtype), spec, **kwargs)
-
-    @classmethod
-    def from_peft(cls, path, adapter_folder, *, dtype="f32", **kwargs) -> JaxLoraModel:
-        """The checkpoint with a PEFT adapter folder's LoRA weights (and its r, alpha)."""
-        ck = open_checkpoint(path, dtype=dtype)
-        names = ck.source.program(ck.config).params
-        adapters, spec, _ = load_adapter(adapter_folder, cls._wmap(ck), names)
-        return cls(ck, spec, adapters=adapters, **kwargs)
-
-    @staticmethod
-    def _wmap(ck):
-        return find_weights_map(ck.hf_config["architectures"][0])
 
     def logits(self, adapters: dict, ids):
         return self._forward(nest_params({**self.frozen, **adapters}), ids)
