@@ -134,7 +134,7 @@ def trl_run(kind: str, checkpoint: Path, initial: Path, out: Path) -> dict:
     base = AutoModelForCausalLM.from_pretrained(
         checkpoint, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
     )
-    model = PeftModel.from_pretrained(base, initial, is_trainable=True)
+    model = PeftModel.from_pretrained(base, initial, is_trainable=True, trust_remote_code=False)
     args = common_args(out / "run", s["steps"][kind], s["lr"], s["batch"])
     rows = rows_for(kind, s["train_rows"], s["seed"])
     trainer_cls, config, extra = _trl_config(kind, args)

@@ -92,7 +92,7 @@ def methods(folder: Path, work: Path) -> dict:
     def diffusers(compiled):
         from diffusers import UNet2DConditionModel
 
-        model = UNet2DConditionModel.from_pretrained(folder).eval()
+        model = UNet2DConditionModel.from_pretrained(folder, trust_remote_code=False).eval()
         run = torch.compile(model) if compiled else model
 
         def bind(args):

@@ -152,7 +152,7 @@ def transformers_method(folder: Path, compiled: bool, new_tokens: int):
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     t0 = time.perf_counter()
-    extractor = WhisperFeatureExtractor.from_pretrained(folder)
+    extractor = WhisperFeatureExtractor.from_pretrained(folder, trust_remote_code=False)
     model = WhisperForConditionalGeneration.from_pretrained(
         folder, dtype=torch.float32, trust_remote_code=False
     ).eval()
@@ -180,7 +180,7 @@ def ctranslate2_method(folder: Path, compute_type: str, new_tokens: int):
     model = ctranslate2.models.Whisper(
         str(out), device="cpu", compute_type=compute_type, intra_threads=os.cpu_count() or 0
     )
-    extractor = WhisperFeatureExtractor.from_pretrained(folder)
+    extractor = WhisperFeatureExtractor.from_pretrained(folder, trust_remote_code=False)
     prompt = [SOT, FIRST_LANG, TRANSLATE + 1, NO_TIMESTAMPS]
 
     def run(samples):

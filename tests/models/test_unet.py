@@ -299,7 +299,7 @@ def test_sdxl_shapes_and_defaults():
     from linnet.weights.maps import find_weights_map
 
     with open("zoo/entries.toml", "rb") as f:
-        hf = tomllib.load(f)["planned"]["sdxl-base-unet"]["config"]
+        hf = tomllib.load(f)["entries"]["sdxl-base-unet"]["config"]
     with torch.device("meta"):
         model = UNet2DConditionModel(**hf)
     full = json.loads(json.dumps(dict(model.config), default=list))

@@ -87,9 +87,13 @@ def test_transformers_reloads_the_export(whisper_root, tmp_path, name):
 
     src = build("WhisperForConditionalGeneration", name, whisper_root)
     out = linnet.hf.export(lt.load(src), tmp_path / "out", progress=False)
-    kw = dict(dtype=torch.float32, trust_remote_code=False)
-    want = WhisperForConditionalGeneration.from_pretrained(src, **kw).eval()
-    got = WhisperForConditionalGeneration.from_pretrained(out, **kw).eval()
+    f32 = torch.float32
+    want = WhisperForConditionalGeneration.from_pretrained(
+        src, dtype=f32, trust_remote_code=False
+    ).eval()
+    got = WhisperForConditionalGeneration.from_pretrained(
+        out, dtype=f32, trust_remote_code=False
+    ).eval()
     mel = whisper_mel(src)
     start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
     prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
@@ -106,10 +110,14 @@ def test_transformers_reloads_a_bare_whisper_model(whisper_root, tmp_path):
 
     src = build("WhisperModel", "tiny", whisper_root)
     out = linnet.hf.export(lt.load(src), tmp_path / "out", progress=False)
-    kw = dict(dtype=torch.float32, trust_remote_code=False)
+    f32 = torch.float32
     mel = whisper_mel(src)
     ids = torch.tensor([[WHISPER_CONFIGS["tiny"]["decoder_start_token_id"], 4, 5]] * 2)
-    want = WhisperModel.from_pretrained(src, **kw).eval()(input_features=mel, decoder_input_ids=ids)
-    got = WhisperModel.from_pretrained(out, **kw).eval()(input_features=mel, decoder_input_ids=ids)
+    want = WhisperModel.from_pretrained(src, dtype=f32, trust_remote_code=False).eval()(
+        input_features=mel, decoder_input_ids=ids
+    )
+    got = WhisperModel.from_pretrained(out, dtype=f32, trust_remote_code=False).eval()(
+        input_features=mel, decoder_input_ids=ids
+    )
     assert torch.equal(want.last_hidden_state, got.last_hidden_state)
     assert torch.equal(want.encoder_last_hidden_state, got.encoder_last_hidden_state)

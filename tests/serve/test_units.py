@@ -100,7 +100,7 @@ def _word_level():
 
     with tempfile.TemporaryDirectory() as folder:
         add_tiny_tokenizer(Path(folder))
-        return PreTrainedTokenizerFast.from_pretrained(folder)
+        return PreTrainedTokenizerFast.from_pretrained(folder, trust_remote_code=False)
 
 
 def check_incremental(tokenizer, sequences, stops=()):
