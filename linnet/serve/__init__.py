@@ -9,7 +9,7 @@
 
 Pieces: `serial_rows` (the row-decoding contract and its exact fallback), `scheduler` (the
 batching loop), `sampling`, `textout` (stop strings, streamed text), `protocol` (request
-checks, OpenAI errors), `responses`, `metrics` (Prometheus text), `app` (routes), `server`
+checks, OpenAI errors), `responses`, `metrics` (Prometheus text), `app` (routes), `hosting`
 (uvicorn, loading, drain).
 """
 
@@ -33,7 +33,7 @@ def server(
     `prefill_chunk`: prompt tokens a row prefills per round.
     The model loads when it starts; until then every request gets 503."""
     from linnet.serve.engine import open_engine
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
 
     name = name or target
     return Server(

@@ -88,7 +88,7 @@ def _health(url: str) -> int | None:
 @pytest.fixture(scope="session")
 def served(tiny_served):
     from linnet.serve.engine import open_engine
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
 
     holder = {}
 

@@ -217,7 +217,7 @@ def read_until(conn: socket.socket, marker: bytes) -> bytes:
 def test_503_while_loading(tiny_served):
     """Requests that come before the model is loaded get 503; once loaded, 200."""
     from linnet.serve.engine import open_engine
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
 
     loaded = threading.Event()
 
@@ -238,7 +238,7 @@ def test_503_while_loading(tiny_served):
 
 
 def test_a_failed_load_is_reported(tmp_path):
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
 
     def load():
         raise ValueError("no weights here")

@@ -115,7 +115,7 @@ def _new_request_refused(url: str) -> bool:
 
 def test_metrics_before_anything_loads_read_zero(tiny_served):
     """/metrics answers while loading; its gauges read 0 (not absent) until the rows exist."""
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
 
     gate = threading.Event()
     server = Server(lambda: (gate.wait(60), None)[1], name="tiny", port=0)
@@ -138,7 +138,7 @@ def test_drain_refuses_new_requests_and_finishes_admitted_ones(tiny_served):
     import openai
 
     from linnet.serve.engine import open_engine
-    from linnet.serve.server import Server
+    from linnet.serve.hosting import Server
     from tests.serve.conftest import Gate
 
     gate = {}

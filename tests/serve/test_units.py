@@ -144,3 +144,14 @@ def test_incremental_text_equals_full_decode_word_level():
     sequences = [rng.integers(0, 256, 40).tolist() for _ in range(20)]
     check_incremental(tokenizer, sequences)
     check_incremental(tokenizer, sequences, stops=["w1", "3 w"])
+
+
+def test_the_server_function_serves_more_than_once_in_a_process():
+    """`linnet.serve.server` stays the function after its first call imports the module that
+    holds `Server` (a submodule named `server` used to replace it on the package)."""
+    import linnet.serve
+    from linnet.serve.hosting import Server
+
+    made = [linnet.serve.server(f"model-{i}", port=0) for i in range(2)]
+    assert all(isinstance(s, Server) for s in made)
+    assert callable(linnet.serve.server) and not isinstance(linnet.serve.server, type(linnet))
