@@ -12,6 +12,7 @@ the ordinary PyTorch runners; the generated code and the interpreter call
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -38,11 +39,19 @@ def init_group(world: int, device="cpu") -> int:
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         timeout = timedelta(seconds=float(os.environ.get("LINNET_TP_TIMEOUT", "60")))
         dist.init_process_group(backend, timeout=timeout)
+        # gloo's threads must stop before the interpreter does, or the rank aborts at exit
+        # ("terminate called without an active exception") and torchrun reports a failure
+        atexit.register(_leave_group)
     if dist.get_world_size() != world:
         raise ShardingError(
             f"tensor_parallel={world} but the process group has {dist.get_world_size()} ranks"
         )
     return dist.get_rank()
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def load_tensor_parallel(
