@@ -26,7 +26,7 @@ import numpy as np
 from linnet.errors import CheckpointError, UnsupportedArchitecture
 from linnet.weights import mxfp4
 from linnet.weights.casting import HF_NAMES
-from linnet.weights.gguf_header import check_gguf_header
+from linnet.weights.gguf_file import GgufFile
 from linnet.weights.gguf_metadata import config_from_metadata, extra_rule, special_token_ids
 from linnet.weights.maps import WeightsMap, all_weights_maps, load_weights_map
 from linnet.weights.maps.gguf import GgufFused
@@ -41,17 +41,11 @@ _BULKY = {
 _FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}
 
 
-def open_reader(path: str | Path):
-    import gguf
-
+def open_reader(path: str | Path) -> GgufFile:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such GGUF file", file=str(path))
-    check_gguf_header(path)  # the gguf package trusts every count and offset it reads
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct errors, ...
-        raise CheckpointError(f"{path}: not a readable GGUF file: {e}", file=str(path)) from e
+    return GgufFile(path)  # checks every count and offset of the header before using it
 
 
 def read_fields(reader) -> dict[str, Any]:

