@@ -154,12 +154,18 @@ TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cl
 def _tiny_kwargs(arch: str) -> dict:
     """transformers' defaults for the map's model type, shrunk (tiny, random weights)."""
     cls = transformers.CONFIG_MAPPING[find_weights_map(arch).model_type]
-    default = cls().to_dict()
-    keys = set(default) | set(getattr(cls, "attribute_map", {}))
+    return _shrunk(cls().to_dict(), set(getattr(cls, "attribute_map", {})))
+
+
+def _shrunk(default: dict, aliases: set) -> dict:
+    keys = set(default) | aliases
     out = {k: v for k, v in SHRINK.items() if k in keys}
     for k in TOKEN_IDS:  # special ids past the small vocab: the last ids of it instead
         if isinstance(default.get(k), int) and default[k] >= SHRINK["vocab_size"]:
             out[k] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(k)
+    for k, sub in default.items():  # SiglipModel's text_config and vision_config: shrunk too
+        if isinstance(sub, dict) and "model_type" in sub:
+            out[k] = _shrunk(sub, set())
     return out
 
 
