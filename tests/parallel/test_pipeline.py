@@ -159,3 +159,20 @@ def test_split_between_the_host_and_a_gpu(tiny_dir):
     ids = probe_ids(one.config["vocab"])
     assert_close(two.forward(ids).cpu(), one.forward(ids), atol=1e-4, rtol=0.0, what="logits")
     assert torch.equal(two.generate(ids[:1], NEW_TOKENS).cpu(), one.generate(ids[:1], NEW_TOKENS))
+
+
+def test_smollm2_split_and_streamed_equal_one_device(smollm2_checkpoint):
+    """Real weights (slow): 30 layers over two devices, and with a budget that streams
+    most of them; the tied embedding on both sides of the split."""
+    one = _load(smollm2_checkpoint, "generated")
+    ids = torch.tensor([[1, 4093, 28, 2683, 253, 1115, 30, 2]])  # any ids within the vocab
+    expected, tokens = one.forward(ids), one.generate(ids, NEW_TOKENS)
+    fixed = sum(t.nbytes for n, t in one.params.items() if not n.startswith("layers."))
+    layer = sum(t.nbytes for n, t in one.params.items() if n.startswith("layers.0."))
+    del one
+    for placement in (dict(devices=PAIR), dict(max_device_bytes=fixed + 10 * layer)):
+        model = _load(smollm2_checkpoint, "generated", **placement)
+        assert_close(model.forward(ids), expected, atol=0.0, rtol=0.0, what="logits")
+        assert torch.equal(model.generate(ids, NEW_TOKENS), tokens)
+        if "max_device_bytes" in placement:
+            assert len(model.placement.streamed) == 30 - 8  # 8 held, room for 2 streamed
