@@ -83,7 +83,7 @@ class Placement:
             resident = [i for i in layers if i not in self.streamed]
             streamed = [i for i in layers if i in self.streamed]
             held = sum(self.layer_bytes[i] for i in resident)
-            line = f"  {self.devices[k]}: layers {_span(layers)}, {_mib(held)} of layers held"
+            line = f"  [{k}] {self.devices[k]}: layers {_span(layers)}, {_mib(held)} of layers held"
             if streamed:
                 size = sum(self.layer_bytes[i] for i in streamed)
                 line += f"; layers {_span(streamed)} ({_mib(size)}) streamed from host memory"

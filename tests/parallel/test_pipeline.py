@@ -120,6 +120,16 @@ def test_explicit_split_and_bad_ones(tiny_dir):
         _load(ck, "compile", devices=PAIR)
 
 
+def test_prelude_moves_copy_and_pass_python_numbers_through():
+    from linnet.backends.torch import prelude
+
+    x = torch.arange(4.0)
+    for moved in (prelude.move_to(x, "cpu"), prelude.prefetch_to(x, "cpu")):
+        assert torch.equal(moved, x) and moved.data_ptr() != x.data_ptr()  # a real copy
+    assert prelude.await_copy(x) is x  # nothing to wait for on the CPU
+    assert prelude.move_to(0.5, "cuda:1") == 0.5  # a generated scalar constant
+
+
 def test_split_by_bytes_balances_and_stays_contiguous():
     # layer bytes 10, 10, 10, 30: each layer goes where its middle byte falls
     assert split_layers({0: 10, 1: 10, 2: 10, 3: 30}, 2) == {0: 0, 1: 0, 2: 0, 3: 1}

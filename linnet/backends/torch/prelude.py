@@ -368,7 +368,10 @@ _COPY_STREAMS = {}  # device -> its side stream for weight copies
 
 def move_to(x, device):
     """x on `device`, where a pipeline hands activations over; a copy even on x's own
-    device, so a split over `cpu,cpu` runs the same hand-overs (docs/parallel.md)."""
+    device, so a split over `cpu,cpu` runs the same hand-overs (docs/parallel.md). A
+    Python number (a scalar constant of generated code) is on every device."""
+    if not isinstance(x, torch.Tensor):
+        return x
     y = x.to(device)
     return y.clone() if y is x else y
 
