@@ -186,3 +186,16 @@ def test_smollm2_split_and_streamed_equal_one_device(smollm2_checkpoint):
         assert torch.equal(model.generate(ids, NEW_TOKENS), tokens)
         if "max_device_bytes" in placement:
             assert len(model.placement.streamed) == 30 - 8  # 8 held, room for 2 streamed
+
+
+def test_rows_at_their_own_positions_run_split(tiny_dir):
+    """The server's row decoding (`model.rows`, the `decode_rows` entry) over a split."""
+    ck = build_tiny("llama", "base", out_dir=tiny_dir)
+    results = []
+    for placement in ({}, dict(devices=PAIR)):
+        rows = _load(ck, "generated", **placement).rows(3, 64)
+        first, second = rows.prefill(0, [5, 6, 7]), rows.prefill(2, [9, 10])
+        step = rows.step([0, 2], [int(first.argmax()), int(second.argmax())])
+        results.append([torch.as_tensor(x) for x in (first, second, step)])
+    for split, whole in zip(*results, strict=True):
+        assert_close(split, whole, atol=0.0, rtol=0.0, what="row logits")
