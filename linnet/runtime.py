@@ -34,6 +34,7 @@ class TorchModel(SourceModel):
         mode: str = "interpret",
         hf_config: dict | None = None,
         program=None,  # a rank's local program (tensor parallel, linnet/shard)
+        placement: dict | None = None,  # devices, split, max_device_bytes (linnet/shard)
     ):
         self.source = source
         self.config = config
@@ -44,7 +45,15 @@ class TorchModel(SourceModel):
         self.mode = mode
         self.arrays = TorchArrays(self.device)
         program = program or source.program(config)
-        self.runner = make_runner(mode, program, self.params, self.device, numerics)
+        if placement is not None:  # layers across devices, or streamed from host memory
+            from linnet.shard.placed import PlacedRunner
+
+            self.runner = PlacedRunner(
+                program, self.params, numerics=numerics, mode=mode, **placement
+            )
+            self.placement = self.runner.placement
+        else:
+            self.runner = make_runner(mode, program, self.params, self.device, numerics)
         self.state: dict[str, torch.Tensor] = {}
 
     def _declared(self, entry: str) -> list:

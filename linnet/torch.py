@@ -27,6 +27,9 @@ def load(
     max_positions: int | None = None,
     mode: str = "interpret",
     tensor_parallel: int | None = None,
+    devices: list[str] | None = None,
+    split: list[int] | None = None,
+    max_device_bytes: int | str | None = None,
 ) -> TorchModel:
     """A local HF checkpoint folder (config.json + safetensors), or a `.gguf` file, as a
     Linnet model.
@@ -42,7 +45,16 @@ def load(
         (fused kernels; generated and compiled modes).
     tensor_parallel: N ranks, one process each under torchrun: this rank's share of the
         model, collectives over torch.distributed (docs/parallel.md).
+    devices: layers split over these devices in order (["cuda:0", "cuda:1"]; balanced by
+        bytes, or `split`: layers per device); max_device_bytes: a budget per device
+        ("8GiB"), the layers beyond it stream from host memory (docs/parallel.md).
     """
+    if devices is not None or max_device_bytes is not None:
+        return _load_placed(
+            path, devices or [device], split, max_device_bytes, dtype=dtype,
+            numerics=numerics, max_positions=max_positions, mode=mode,
+            tensor_parallel=tensor_parallel,
+        )  # fmt: skip
     if tensor_parallel not in (None, 1):  # 1: the whole model, no process group
         from linnet.shard.torch_tp import load_tensor_parallel
 
@@ -64,6 +76,28 @@ def load(
     model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if ck.gguf_metadata is not None:  # a GGUF re-export keeps the file's key/values
         model.gguf_metadata, model.origin = ck.gguf_metadata, ck.origin
+    return model
+
+
+def _load_placed(path, devices, split, budget, *, tensor_parallel, dtype, **options):
+    """A model placed over `devices` and a budget (linnet/shard/placed.py)."""
+    from linnet.shard.placement import PlacementError, parse_bytes
+
+    if tensor_parallel not in (None, 1) or packed_dtype(dtype) is not None:
+        raise PlacementError(
+            "devices= and max_device_bytes= take neither tensor_parallel nor a packed dtype"
+        )
+    ck = open_checkpoint(path, dtype=dtype, max_positions=options.pop("max_positions"))
+    placement = dict(
+        devices=list(devices), split=split,
+        max_device_bytes=None if budget is None else parse_bytes(budget),
+    )  # fmt: skip
+    params = ck.torch_params("cpu", packed=to_packed_weight)  # placed from host memory
+    model = TorchModel(
+        ck.source, ck.config, params, device=devices[0], hf_config=ck.hf_config,
+        placement=placement, **options,
+    )  # fmt: skip
+    model.folder = Path(path) if Path(path).is_dir() else None
     return model
 
 

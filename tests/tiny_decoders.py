@@ -123,8 +123,13 @@ TINY_EDGES: dict[tuple[str, str], str] = {
 #: KV heads fewer than ranks for the tensor-parallel tests (4 query heads over one KV head).
 SIDE_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
     ("LlamaForCausalLM", "kv1"): dict(_LLAMA, n_heads=4, n_kv=1),
+    # Four layers: a device budget below the model's size can stream some of them.
+    ("LlamaForCausalLM", "deep"): dict(_LLAMA, n_layers=4),
 }
-SIDE_EDGES = {("LlamaForCausalLM", "kv1"): "one KV head (fewer than 2 ranks)"}
+SIDE_EDGES = {
+    ("LlamaForCausalLM", "kv1"): "one KV head (fewer than 2 ranks)",
+    ("LlamaForCausalLM", "deep"): "four layers (host offload)",
+}
 
 
 def tiny_fields(arch: str, variant: str) -> dict[str, Any]:

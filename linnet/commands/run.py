@@ -20,6 +20,8 @@ from linnet.commands.session import (
     generate_streamed,
     load_model,
     mode_option,
+    placement_flags,
+    placement_options,
 )
 from linnet.commands.zoo import fail_hub, warnings_to_stderr
 from linnet.errors import CheckpointError
@@ -121,9 +123,10 @@ def _generation_eos(path: Path):
     help="split the model over N ranks, one process each: torchrun --nproc-per-node N "
     "-m linnet run ... (docs/parallel.md)",
 )  # fmt: skip
+@placement_flags
 def run(
     target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, revision,
-    tensor_parallel,
+    tensor_parallel, devices, split, device_budget,
 ) -> None:  # fmt: skip
     """Generate text greedily with Linnet, streaming tokens as they come."""
     from linnet.parity import encode_prompts
@@ -134,7 +137,10 @@ def run(
     model, load_s = load_model(
         found.checkpoint, backend=backend, mode=mode, dtype=dtype,
         positions=ids.shape[-1] + max_new_tokens, tensor_parallel=tensor_parallel,
+        placement=placement_options(devices, split, device_budget),
     )  # fmt: skip
+    if getattr(model, "placement", None) is not None:
+        click.echo(model.placement.describe(), err=True)
     quiet = getattr(model, "rank", 0) != 0  # tensor parallel: rank 0 prints
     stream = TextStream(tokenizer, out=open(os.devnull, "w") if quiet else None)
     eos = eos_ids(found.folder, tokenizer)

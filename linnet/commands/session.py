@@ -36,13 +36,59 @@ def mode_option(default: str):
 MODE_OPTION = mode_option(DEFAULT_MODE)
 
 
+def _devices(ctx, param, value):
+    return None if value is None else [d.strip() for d in value.split(",") if d.strip()]
+
+
+def _split(ctx, param, value):
+    try:
+        return None if value is None else [int(n) for n in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: layer counts per device, e.g. 12,18") from None
+
+
+def placement_flags(command):
+    """--devices, --split and --device-budget (layers across devices, host offload)."""
+    options = [
+        click.option(
+            "--devices", default=None, callback=_devices,
+            help="split the layers over these devices in order, e.g. cuda:0,cuda:1 "
+            "(PyTorch, interpret or generated; docs/parallel.md)",
+        ),
+        click.option(
+            "--split", default=None, callback=_split,
+            help="layers per device with --devices, e.g. 12,18 (default: balanced by bytes)",
+        ),
+        click.option(
+            "--device-budget", default=None,
+            help="bytes each device may hold, e.g. 8GiB: the layers beyond stay in host "
+            "memory and are copied in ahead of use",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def placement_options(devices, split, budget) -> dict | None:
+    """linnet.torch.load's placement keywords, or None when none was given."""
+    if devices is None and split is None and budget is None:
+        return None
+    if split is not None and devices is None:
+        raise click.UsageError("--split needs --devices")
+    return dict(devices=devices, split=split, max_device_bytes=budget)
+
+
 def load_model(
-    checkpoint, *, backend: str, mode: str | None, dtype, positions: int, tensor_parallel=None
-):
+    checkpoint, *, backend: str, mode: str | None, dtype, positions: int, tensor_parallel=None,
+    placement: dict | None = None,
+):  # fmt: skip
     """A decoder on `backend`, and the seconds loading took; `positions`: the cache length;
     `tensor_parallel`: this torchrun rank's share of N (PyTorch, docs/parallel.md)."""
     if tensor_parallel is not None and backend != "torch":
         raise click.UsageError("--tensor-parallel runs on --backend torch (under torchrun)")
+    if placement is not None and backend != "torch":
+        raise click.UsageError("--devices and --device-budget run on --backend torch")
     if mode is not None and backend != "torch":
         raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
     t0 = time.perf_counter()
@@ -51,7 +97,7 @@ def load_model(
 
         model = linnet.torch.load(
             checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=positions,
-            tensor_parallel=tensor_parallel,
+            tensor_parallel=tensor_parallel, **(placement or {}),
         )  # fmt: skip
     elif backend == "jax":
         import linnet.jax

@@ -260,6 +260,9 @@ EMITTERS["all_reduce"] = lambda a, s, x: f"jax.lax.psum({x}, 'tp')"
 EMITTERS["all_gather"] = lambda a, s, x: (
     f"jax.lax.all_gather({x}, 'tp', axis={a['axis']}, tiled=True)"
 )
+# Device moves of a layer split or host offload (issue 19) are PyTorch's; JAX places arrays
+# itself (the identity keeps every op lowered on every backend).
+EMITTERS["to_device"] = EMITTERS["await_copy"] = lambda a, s, x: x
 
 
 def emit(node, spell: JaxSpell, inputs: list[str]):

@@ -418,6 +418,7 @@ def _collective(a, b, x):
 
 
 EMITTERS["all_reduce"] = EMITTERS["all_gather"] = _collective  # issue 19
+EMITTERS["to_device"] = EMITTERS["await_copy"] = lambda a, b, x: b.node("Identity", [x])
 
 NATIVE_LIBRARY_OPS = ONNX_NATIVE_OPS  # the `onnx` pipeline decomposes the other library ops
 assert NATIVE_LIBRARY_OPS <= EMITTERS.keys()

@@ -240,6 +240,11 @@ EMITTERS["all_gather"] = lambda a, s, x: Lines(
     ],
     f"torch.cat(_g, dim={a['axis']})",
 )
+# Device moves of a layer split or host offload (issue 19, linnet/shard/place.py).
+EMITTERS["to_device"] = lambda a, s, x: (
+    f"{'prefetch_to' if a.get('prefetch') else 'move_to'}({x}, {a['device']!r})"
+)
+EMITTERS["await_copy"] = lambda a, s, x: f"await_copy({x})"
 
 
 def emit(node, spell: Spell, inputs: list[str]):

@@ -67,9 +67,10 @@ def _static(value) -> bool:
 
 def _foldable(node) -> bool:
     """A node whose result depends on nothing known only at run time: no runtime dim in
-    its type or attrs, no state write, no guard. When its inputs are params and constants,
+    its type or attrs, no state write, no guard, no device move (a streamed weight is
+    copied in at each call). When its inputs are params and constants,
     the interpreter computes it once at load (a batch norm's scale and shift)."""
-    if node.op in ("guard", "update_slice", "update_rows", "iota"):
+    if node.op in ("guard", "update_slice", "update_rows", "iota", "to_device", "await_copy"):
         return False
     return all(d.is_const for d in node.output.type.shape) and _static(list(node.attrs.values()))
 

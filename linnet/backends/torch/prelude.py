@@ -204,13 +204,14 @@ def rope_ref(x, cos, sin, offset):
     with the [N, D] tables of `rope_tables`: x * cos + swap_halves(x) * sin."""
     seq, half = x.shape[2], x.shape[3] // 2
     if isinstance(offset, torch.Tensor):
+        offset = offset.to(cos.device)  # layers split across devices: tables on the first
         c, s = cos[offset], sin[offset]
         if c.dim() == 3:  # per-row positions: (B, S, D) -> (B, 1, S, D)
             c, s = c[:, None], s[:, None]
     else:
         c, s = cos[offset : offset + seq], sin[offset : offset + seq]
     swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-    return (x * c.to(x.dtype)).add_(swapped.mul_(s.to(x.dtype)))
+    return (x * c.to(x.device, x.dtype)).add_(swapped.mul_(s.to(x.device, x.dtype)))
 
 
 def _softmax_or_zero(x):
@@ -359,3 +360,44 @@ def moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit
         y = _clamped_swiglu(h, alpha, limit) @ w_out[e] + b_out[e]
         out.index_add_(0, tokens, y * weights[tokens, slot, None])
     return out.reshape(shape)
+
+
+# -- layers split across devices, weights streamed from host memory (issue 19) -------------
+_COPY_STREAMS = {}  # device -> its side stream for weight copies
+
+
+def move_to(x, device):
+    """x on `device`, where a pipeline hands activations over; a copy even on x's own
+    device, so a split over `cpu,cpu` runs the same hand-overs (docs/parallel.md). A
+    Python number (a scalar constant of generated code) is on every device."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    y = x.to(device)
+    return y.clone() if y is x else y
+
+
+def prefetch_to(x, device):
+    """Start copying host weights x to `device` (on CUDA: from pinned memory, on a side
+    stream, while the compute stream runs the layer before); `await_copy` before use."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return x.to(device, copy=True)
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        y = x.to(device, non_blocking=True)
+        y._linnet_copied = torch.cuda.Event()
+        y._linnet_copied.record(stream)
+    return y
+
+
+def await_copy(x):
+    """x once its `prefetch_to` copy has landed: the compute stream waits for it, and the
+    allocator keeps its memory until the compute stream is done with it."""
+    event = getattr(x, "_linnet_copied", None)
+    if event is not None:
+        current = torch.cuda.current_stream(x.device)
+        current.wait_event(event)
+        x.record_stream(current)
+    return x
