@@ -180,14 +180,20 @@ def _biased_attention(cx, q, k, v, bias):
     "fourier_features",
     ("coords", "tensor"),
     ("gaussian", "tensor"),
+    ("width", "int"),
     doc="SAM's random-Fourier positions: coords [..., 2] in [0, 1] and gaussian [2, F] -> "
-    "[..., 2F], [sin, cos] of 2 pi (2 coords - 1) @ gaussian",
+    "[..., width], [sin, cos] of 2 pi (2 coords - 1) @ gaussian (width = 2F, checked when "
+    "lowering: while checking, a config's F = width / 2 is a symbol)",
 )
-def _fourier_features(cx, coords, gaussian):
+def _fourier_features(cx, coords, gaussian, width):
     dtype = coords.type.dtype
     x = cx.add("sub", [cx.add("mul", [coords, cx.scalar(2.0, dtype)]), cx.scalar(1.0, dtype)])
     x = cx.add("mul", [cx.add("matmul", [x, gaussian]), cx.scalar(2 * math.pi, dtype)])
-    return cx.add("concat", [cx.add("sin", [x]), cx.add("cos", [x])], axis=coords.type.rank - 1)
+    x = cx.add("concat", [cx.add("sin", [x]), cx.add("cos", [x])], axis=coords.type.rank - 1)
+    features = x.type.shape[-1]
+    if features.is_const and width.is_const and features != width:
+        raise OpTypeError("fourier_features: 2F is not the width", str(width), str(features))
+    return cx.add("reshape", [x], shape=(*x.type.shape[:-1], width))
 
 
 @builtin(
@@ -261,3 +267,30 @@ def _split_batch(cx, x, b, q):
     if x.type.rank < 1 or x.type.shape[0] != b * q:
         raise OpTypeError("split_batch needs [b * q, ...]", str(b * q), str(x.type))
     return cx.add("reshape", [x], shape=(b, q, *x.type.shape[1:]))
+
+
+@builtin(
+    "conv_transpose",
+    ("x", "tensor"),
+    ("w", "tensor"),
+    ("b", "tensor?", None),
+    ("stride", "int", Poly.const(1)),
+    ("padding", "int", Poly.const(0)),
+    doc="2-D transposed convolution, x [B, C, H, W], w [C, O, KH, KW] (F.conv_transpose2d)",
+)
+def _conv_transpose(cx, x, w, b, stride, padding):
+    ins = [x, w] + ([b] if b is not None else [])
+    return cx.add("conv_transpose", ins, stride=_int(stride), padding=_int(padding))
+
+
+def _int(p: Poly):
+    return p.value if p.is_const else p
+
+
+@builtin("box_corners", ("boxes", "tensor"), doc="[..., 4] -> [..., 2, 2]: (x1, y1), (x2, y2)")
+def _box_corners(cx, boxes):
+    *rest, four = boxes.type.shape
+    if four != Poly.const(4):
+        raise OpTypeError("box_corners needs [..., 4]", "[..., 4]", str(boxes.type))
+    two = Poly.const(2)
+    return cx.add("reshape", [boxes], shape=(*rest, two, two))
