@@ -174,6 +174,7 @@ def test_config_round_trips_through_the_map(built):
         ("vision_config", "hidden_act", "gelu_new", "vision_config.hidden_act"),
         ("mask_decoder_config", "hidden_size", 24, "mask_decoder_config.hidden_size"),
         ("vision_config", "window_size", 0, "vision_config.window_size"),
+        ("vision_config", "num_pos_feats", 8, "vision_config.num_pos_feats"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_key(built, tmp_path, section, key, value, named):
