@@ -9,8 +9,9 @@ initialization (zero position tables, unit norms). f32, batch 2:
 - masks and IoU scores within 1e-5 of SamModel(image_embeddings=..., multimask_output=True)
   for points with labels 1, 0, -1 and -10 (padding) plus boxes, points alone (SamModel's
   padding point) and boxes alone, 3 prompts per image;
-on PyTorch (interpret and generated), JAX and ONNX Runtime; the HF export is bit-exact and
-transformers reads it back to the same masks; bad configs are refused naming the key.
+on PyTorch (interpret, generated, generated with fast numerics), JAX and ONNX Runtime; the
+HF export is bit-exact and transformers reads it back to the same masks; bad configs are
+refused naming the key.
 """
 
 from __future__ import annotations
@@ -100,13 +101,16 @@ def run_all(model, ref, data, label, convert=lambda t: t) -> None:
         check(f"{label} {kind} iou", model.run(iou, *ins), want_iou)
 
 
-@pytest.mark.parametrize("mode", ["interpret", "generated"])
+@pytest.mark.parametrize(
+    "mode, numerics",
+    [("interpret", "equivalent"), ("generated", "equivalent"), ("generated", "fast")],
+)
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_torch_matches_transformers(built, name, mode):
+def test_torch_matches_transformers(built, name, mode, numerics):
     folder, ref, data = built(name)
-    model = lt.load(folder, mode=mode)
+    model = lt.load(folder, mode=mode, numerics=numerics)
     assert set(model.entries) >= {"embed_image", "predict_masks", "predict_iou"}
-    run_all(model, ref, data, f"{name} {mode}")
+    run_all(model, ref, data, f"{name} {mode}/{numerics}")
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
