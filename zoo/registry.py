@@ -148,8 +148,9 @@ def _shape_agrees(stated: dict, hf_config: dict) -> bool:
 
 
 KINDS = ("decoder", "encoder", "vision", "speech", "image-text", "image-decoder", "unet")
+KINDS += ("segmenter",)  # SAM (issue 15)
 #: Kinds whose gate makes its own inputs (pixels, audio, latents): no prompts.
-PROMPTLESS = ("vision", "speech", "image-text", "image-decoder", "unet")
+PROMPTLESS = ("vision", "speech", "image-text", "image-decoder", "unet", "segmenter")
 
 
 class Registry:

@@ -159,6 +159,7 @@ def shrink(real: dict[str, Any]) -> dict[str, Any]:
     _image(real, small)
     _vae(real, small)
     _unet(real, small)
+    _sam(real, small)
     if "n_labels" in real:
         small["n_labels"] = LABELS
     return small
@@ -189,7 +190,7 @@ def _towers(real: dict, small: dict) -> None:
     """Whisper's encoder and decoder, SigLIP's text tower: TOWER_HEADS heads of HEAD_DIM,
     the tower's FFN about its real ratio to the width."""
     for heads, (width, ffn) in TOWERS.items():
-        if heads not in real:
+        if heads not in real or ffn not in real:  # SAM's dec_heads is no Whisper tower
             continue
         small[heads] = TOWER_HEADS
         small[width] = TOWER_HEADS * HEAD_DIM
@@ -264,3 +265,16 @@ def _image(real: dict, small: dict) -> None:
         small["widths"] = [w // scale for w in real["widths"]]
     if "depths" in real:
         small["depths"] = [min(d, STAGE_DEPTH) for d in real["depths"]]
+
+
+#: SAM (issue 15): a 10 x 10 patch grid in windows of 4 (padded to 12), global attention at
+#: layer 2 of 3, a 32-wide neck, prompt encoder and mask decoder.
+SAM = dict(image_size=80, patch=8, window=4, n_layers=3, global_every=3, dim=32, n_heads=4,
+           mlp_dim=64, out_channels=32, pe_feats=16, prompt_dim=32, dec_dim=32, prompt_size=80,
+           embed_size=10, mask_channels=8, dec_layers=2, dec_heads=4, dec_mlp=64,
+           iou_hidden=24, iou_depth=3, downsample=2)  # fmt: skip
+
+
+def _sam(real: dict, small: dict) -> None:
+    if "global_every" in real and "mask_channels" in real:
+        small.update(SAM)

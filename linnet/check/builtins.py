@@ -466,3 +466,6 @@ def _const_axis(axis: Poly) -> int:
     if not axis.is_const:
         raise OpTypeError("axis must be a constant", "an integer literal", str(axis))
     return axis.value
+
+
+from linnet.check import builtins_sam  # noqa: E402, F401  (SAM, issue 15)

@@ -80,6 +80,7 @@ def list_(results: str | None) -> None:
 _NO_TOKENIZER = {
     "vision": "none: pixels are preprocessed outside the model",
     "image-decoder": "none: latents in, an image out",
+    "segmenter": "none: pixels, points and boxes in, masks out",
     "unet": "none: latents and text states in (a text encoder makes them)",
     "speech": "optional: the gate feeds audio it makes and generation_config.json's start tokens",
 }
@@ -88,6 +89,7 @@ _MADE_INPUTS = {
     "speech": "audio the gate makes (tones, a chirp, noise)",
     "image-text": "random pixels and token ids",
     "image-decoder": "random latents",
+    "segmenter": "random pixels, points (every label kind) and boxes",
     "unet": "random latents, text states, pooled text; two timesteps; SDXL-like time ids",
 }
 

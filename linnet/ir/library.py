@@ -15,6 +15,7 @@ import numpy as np
 
 from linnet.core.dims import Poly
 from linnet.ir.library_moe import moe
+from linnet.ir.library_sam import conv_transpose
 from linnet.ir.library_unet import timestep_embedding
 
 F32 = "f32"
@@ -428,4 +429,5 @@ DECOMPOSITIONS = {
     "upsample_nearest": upsample_nearest,
     "moe": moe,
     "timestep_embedding": timestep_embedding,
+    "conv_transpose": conv_transpose,
 }

@@ -421,5 +421,13 @@ def _key_mask(q: TensorType, k: TensorType, mask: TensorType | None) -> None:
 # Ops registered from their own modules: the image ops (convolution, pooling, batch and
 # group norm, nearest upsampling), the moe op, the 1-D signal ops (conv1d), the
 # tensor-parallel collectives (all_reduce, all_gather), the UNet's timestep embedding,
-# device moves (to_device, await_copy).
-from linnet.ir import ops_collective, ops_image, ops_moe, ops_placement, ops_signal, ops_unet  # noqa: E402, F401, I001
+# device moves (to_device, await_copy), SAM's conv_transpose.
+from linnet.ir import (  # noqa: E402, F401, I001
+    ops_collective,
+    ops_image,
+    ops_moe,
+    ops_placement,
+    ops_sam,
+    ops_signal,
+    ops_unet,
+)

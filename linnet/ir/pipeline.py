@@ -28,6 +28,7 @@ ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
     | {"attention", "moe", "conv1d"}
     | {"group_norm", "upsample_nearest"}  # GroupNormalization (opset 21), Resize (issue 15)
+    | {"conv_transpose"}  # ConvTranspose (issue 15, SAM)
 )
 # The mixture of experts stays whole on every backend: its decomposition is dense (every
 # expert on every token), a reference for tests; the emitters read only the chosen experts.

@@ -25,6 +25,8 @@ source has: `decode` for decoders, `embed` for encoders, else vision):
 * image-text (SigLIP): random pixels and token ids; `embed_image`, `embed_text`, `logits`
   against get_image_features, get_text_features, logits_per_image;
 * image-decoder (a VAE's decoder): random latents; `decode` against diffusers'.
+* segmenter (SAM): random pixels, then points and boxes on transformers' image
+  embeddings; `embed_image`, masks and IoU scores (linnet/parity/segment.py).
 
 A row passes when its figures are within the entry's tolerance for the backend and dtype;
 the gate fails closed. Each run can write a parity record (JSON) that the site and model

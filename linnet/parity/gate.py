@@ -259,6 +259,13 @@ class Gate:
         model, reference = self.linnet(), self.reference()
         return measure_image_decoder(model, reference, config, self.tolerance)
 
+    def segmenter(self) -> list[OutputFigures]:  # SAM (issue 15): linnet/parity/segment.py
+        from linnet.parity.segment import measure_segmenter
+        from linnet.weights.planning import plan_checkpoint
+
+        config = plan_checkpoint(self.path)[2]
+        return measure_segmenter(self.linnet(), self.reference(), config, self.tolerance)
+
     def unet(self) -> list[OutputFigures]:
         from linnet.weights.planning import plan_checkpoint
 

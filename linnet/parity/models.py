@@ -40,6 +40,8 @@ def checkpoint_kind(path: Path) -> str:
         return "decoder" if source.module.states else "image-decoder"
     if "embed" in entries:
         return "encoder"
+    if "predict_masks" in entries:  # SAM (issue 15)
+        return "segmenter"
     if "timestep" in source.entry_inputs("forward"):
         return "unet"
     return "image-text" if "embed_text" in entries else "vision"

@@ -29,6 +29,7 @@ INPUTS = {
     "front end; the start tokens of generation_config.json",
     "image-text": "deterministic random pixels and token ids (seed 0)",
     "image-decoder": "deterministic random latents (seed 0)",
+    "segmenter": "deterministic random pixels, points with every label kind and boxes (seed 0)",
     "unet": "deterministic random latents, text states and pooled text (seed 0), timesteps "
     "999 and 17, SDXL-like time ids",
 }

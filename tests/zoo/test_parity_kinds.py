@@ -33,6 +33,11 @@ KINDS = {
     "siglip-base-16-224": ("image-text", ["embed_image", "embed_text", "logits"]),
     "sd-vae-ft-mse": ("image-decoder", ["decode"]),
     "sdxl-base-unet": ("unet", ["forward"]),
+    "sam-vit-base": (
+        "segmenter",
+        ["embed_image", "predict_masks", "predict_iou", "point_masks", "point_iou"]
+        + ["box_masks", "box_iou"],
+    ),
 }
 
 
@@ -78,6 +83,9 @@ PERTURBED = [
     ("sd-vae-ft-mse", "up.1.rest.0.conv1_w", ["decode"], []),
     ("sdxl-base-unet", "down.2.attn.1.blocks.1.k2", ["forward"], []),
     ("sdxl-base-unet", "add_w1", ["forward"], []),
+    # SAM: the prompt side runs on transformers' image embeddings, so each half fails alone
+    ("sam-vit-base", "layers.1.w1", ["embed_image"], KINDS["sam-vit-base"][1][1:]),
+    ("sam-vit-base", "dec.1.w1", KINDS["sam-vit-base"][1][1:], ["embed_image"]),
 ]
 
 
@@ -111,6 +119,7 @@ def test_greedy_tokens_that_differ_fail_the_speech_gate(tiny):
     [
         ("onnx", "siglip-base-16-224"),
         ("onnx", "sd-vae-ft-mse"),
+        pytest.param("onnx", "sam-vit-base", marks=pytest.mark.slow),
         pytest.param("onnx", "sdxl-base-unet", marks=pytest.mark.slow),
         pytest.param("jax", "sdxl-base-unet", marks=pytest.mark.slow),
         pytest.param("jax", "siglip-base-16-224", marks=pytest.mark.slow),
@@ -126,7 +135,8 @@ def test_gates_on_the_other_backends(tiny, backend, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["whisper-tiny", "siglip-base-16-224", "sd-vae-ft-mse", "sdxl-base-unet"]
+    "name",
+    ["whisper-tiny", "siglip-base-16-224", "sd-vae-ft-mse", "sdxl-base-unet", "sam-vit-base"],
 )
 def test_a_folder_that_is_no_entry_is_gated_as_its_sources_kind(tiny, name):
     folder = tiny(name)
@@ -194,6 +204,8 @@ def test_a_folder_of_an_entrys_shape_is_recognised_as_it(tmp_path, name):
     other = json.loads(json.dumps(entry.config))
     if "text_config" in other:
         other["text_config"]["num_hidden_layers"] += 1
+    elif "vision_config" in other:  # SAM: its towers are nested, no text tower
+        other["vision_config"]["num_hidden_layers"] += 1
     else:
         key = "layers_per_block" if "layers_per_block" in other else "encoder_layers"
         other[key] += 1

@@ -89,6 +89,12 @@ def _conv(a, s, x, w, b=None):
     return f"{s.helper('conv')}({', '.join(args)}, stride={stride}, padding={padding})"
 
 
+def _conv_transpose(a, s, x, w, b=None):  # issue 15 (SAM): prelude conv_transpose
+    args = [x, w] + ([] if b is None else [b])
+    stride, padding = a.get("stride", 1), a.get("padding", 0)
+    return f"conv_transpose({', '.join(args)}, stride={stride}, padding={padding})"
+
+
 def _conv1d(a, s, x, w, b=None):
     args = [x, w] + ([] if b is None else [b])
     stride, padding = a.get("stride", 1), a.get("padding", 0)
@@ -240,6 +246,7 @@ EMITTERS = {
     "attention": _attention,
     "conv": _conv,
     "conv1d": _conv1d,
+    "conv_transpose": _conv_transpose,
     "max_pool": _max_pool,
     "batch_norm": lambda a, s, *xs: f"{s.helper('batch_norm')}({', '.join(xs)}, {a['eps']!r})",
     "group_norm": lambda a, s, *xs: (

@@ -192,6 +192,18 @@ def conv_ref(x, w, b=None, stride=1, padding=0):
     return y if b is None else y + b[:, None, None]
 
 
+def conv_transpose(x, w, b=None, stride=1, padding=0):
+    """F.conv_transpose2d, w [C, O, KH, KW]: a convolution of x dilated by the stride with
+    the kernel flipped and its axes swapped (linnet/ir/library_sam.py)."""
+    kh, kw = w.shape[2], w.shape[3]
+    pads = ((kh - 1 - padding,) * 2, (kw - 1 - padding,) * 2)
+    y = lax.conv_general_dilated(
+        x, jnp.flip(w, (2, 3)).transpose(1, 0, 2, 3), (1, 1), pads, lhs_dilation=(stride, stride),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=HIGHEST,
+    )  # fmt: skip
+    return y if b is None else y + b[:, None, None]
+
+
 def max_pool(x, kernel, stride, padding):
     """F.max_pool2d on [B, C, H, W]: windows over H and W, padding never wins (-inf)."""
     pads = ((0, 0), (0, 0), (padding, padding), (padding, padding))

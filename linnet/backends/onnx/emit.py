@@ -403,6 +403,7 @@ EMITTERS = {
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
     "moe": emit_moe.moe,
+    "conv_transpose": lambda a, b, *xs: b.node("ConvTranspose", list(xs), **_window(a)),
 }
 for _name, _op in UNARY.items():
     EMITTERS[_name] = lambda a, b, x, _op=_op: b.node(_op, [x])

@@ -56,6 +56,10 @@ def _group_norm(a, s, x, w, b):
     return f"{fn}({x}, {w}, {b}, {a['groups']}, {a['eps']!r})"
 
 
+def _conv_transpose(a, s, x, w, b=None):  # issue 15 (SAM)
+    return f"F.conv_transpose2d({x}, {w}, {b}, {a.get('stride', 1)}, {a.get('padding', 0)})"
+
+
 def _upsample_nearest(a, s, x):
     # an integer scale: source pixel floor(i / scale), exactly the decomposition's repeat
     return f"F.interpolate({x}, scale_factor={float(a['scale'])!r}, mode='nearest')"
@@ -215,6 +219,7 @@ EMITTERS = {
     "batch_norm": _batch_norm,
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
+    "conv_transpose": _conv_transpose,
     "moe": _moe,
     "timestep_embedding": lambda a, s, t: (
         f"timestep_embedding({t}, {a['dim']}, {a.get('flip', True)}, "

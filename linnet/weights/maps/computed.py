@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linnet.errors import ConfigError
+from linnet.weights.maps.computed_sam import sam_computed
 from linnet.weights.maps.computed_unet import unet_computed
 
 
@@ -243,3 +244,4 @@ COMPUTED: dict[str, Computed] = {
 }
 # diffusers' UNet2DConditionModel (issue 15): its own module
 COMPUTED.update((c.name, c) for c in unet_computed(Computed))
+COMPUTED.update((c.name, c) for c in sam_computed(Computed))  # SamModel (issue 15)
