@@ -309,3 +309,23 @@ def test_hf_folder_quantized_on_load_runs_its_gguf_export(tiny_llama_ggufs, kind
     model = lt.load(src, dtype=kind.upper(), mode="generated")
     _all_matrices_packed(model)
     _close(model.forward(IDS), lt.load(gguf).forward(IDS))
+
+
+@pytest.mark.slow  # two torch.compile warm-ups of a tiny Llama (a minute each under load)
+@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
+def test_compile_mode_calls_the_packed_kernels(tiny_llama_ggufs, numerics):
+    """mode="compile" with packed q8_0 weights gives `generated`'s greedy tokens, and a
+    compiled one-token step calls Linnet's kernel op (seen by the profiler): the f32 one
+    under `equivalent`, the integer one under `fast` where the CPU has VNNI."""
+    _require_kernels()
+    _, gguf = tiny_llama_ggufs("base", "q8_0")
+    want = lt.load(gguf, dtype="q8_0", mode="generated", numerics=numerics).generate(IDS, 6)
+    model = lt.load(gguf, dtype="q8_0", mode="compile", numerics=numerics)
+    assert model.generate(IDS, 6).tolist() == want.tolist()
+    model.reset()
+    logits = model.decode(IDS, 0)
+    with torch.profiler.profile() as prof:
+        model.decode(logits.argmax(-1, keepdim=True), model.position)
+    called = {e.name for e in prof.events() if e.name.startswith("linnet_kernels::")}
+    int8 = numerics == "fast" and kernels.int8x_linear_op() is not None
+    assert called == {f"linnet_kernels::packed_linear{'_int8x' if int8 else ''}"}, called

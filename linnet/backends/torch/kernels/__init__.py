@@ -17,7 +17,6 @@ build fails (no compiler, say: one warning line, never an exception).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import subprocess
@@ -37,7 +36,6 @@ def enabled() -> bool:
     return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in _OFF
 
 
-@functools.cache  # asked on every packed linear call; the CPU does not change
 def cpu_supported() -> bool:
     """The kernels are written for x86 vector units: AVX2 with FMA at least."""
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
