@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Packed-weight decode in one process, rounds interleaved: Linnet with its C++ kernel,
-Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel) and llama.cpp, all on
-the same GGUF file.
+"""Packed-weight decode in one process, rounds interleaved: Linnet (numerics="fast") with
+its integer C++ kernel (x rounded to int8, AVX512-VNNI), with its f32 C++ kernel
+(LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel)
+and llama.cpp, all on the same GGUF file.
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -69,11 +70,15 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     """name -> (decode(ids, n, clock), LINNET_KERNELS for it); bf16: Linnet loads the HF
     folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export."""
     run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
-    return {
-        "linnet kernel": (run, "1"),
+    found = {
+        "linnet int8 x": (run, "1"),
+        "linnet kernel": (run, "int8x=0"),
         "linnet pytorch": (run, "0"),
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
     }
+    if dtype == "bf16":  # no packed weights: the integer kernel does not apply
+        del found["linnet int8 x"]
+    return found
 
 
 def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
@@ -86,10 +91,13 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (decode, kernels) in runs.items():
-            os.environ["LINNET_KERNELS"] = kernels  # read on every packed linear call
+            # both read on every packed linear call; int8x=0: the f32 kernel
+            os.environ["LINNET_KERNELS"] = "0" if kernels == "0" else "1"
+            os.environ["LINNET_INT8X"] = "0" if kernels == "int8x=0" else "1"
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
     os.environ.pop("LINNET_KERNELS")
+    os.environ.pop("LINNET_INT8X")
     return {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
 
 

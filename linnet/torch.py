@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from linnet.backends.torch.interp import TORCH_DTYPES
+from linnet.backends.torch.quantized import allow_int8_activations
 from linnet.quantize import packed_dtype, quantize_params, to_packed_weight
 from linnet.runtime import TorchModel
 from linnet.source import Source
@@ -70,6 +71,7 @@ def load(
     params = ck.torch_params(device, packed=to_packed_weight)
     if quant is not None and not is_gguf(path):
         params = quantize_params(params, quant)
+    allow_int8_activations(params, numerics)
     model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
     )

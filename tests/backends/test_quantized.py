@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ import linnet.backends.torch.quantized as quantized
 import linnet.gguf
 import linnet.torch as lt
 from linnet.backends.torch import kernels
-from linnet.backends.torch.quantized import PackedWeight
+from linnet.backends.torch.quantized import GROUP, PackedWeight
 from linnet.quantize import ggml_bytes, to_packed_weight
 from linnet.weights.gguf_packed import packed_from_ggml
 
@@ -105,6 +107,91 @@ def test_packed_linear_matches_dequantize_then_matmul(kind, cols, batch, rows, l
     x, b = torch.randn((*batch, cols)), torch.randn(rows)
     for bias in (None, b):
         _assert_within_bound(F.linear(x, w, bias), x, dense, bias)
+
+
+def _vnni() -> bool:
+    """This CPU has AVX512-VNNI (the integer kernel's instructions)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and "avx512_vnni" in cpuinfo.read_text()
+
+
+def _int8_terms(x: torch.Tensor, dense: torch.Tensor):
+    """(x_hat, rounding, f32) for x rounded per 32-block as ggml's q8_0 activations
+    (d = amax / 127 and x * (1 / d) in f32, x_hat = d round(x / d), |x - x_hat| <= d / 2
+    up to f32 rounding of x / d, covered by the f32 term). The kernel sums
+    w . x_hat exactly in int32 per block, then the block terms in f32 (4-bit: the scaled
+    codes and the offsets apart, each at most |w| + 2 |offset| <= 3 max|w| of the block):
+    rounding = sum |w| d / 2, the activations' term; f32 = gamma_(groups + 3) times
+    4 sum |w| (|x| + d / 2), the f32 sums' term (generous for the offsets)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, GROUP)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, 0 * d)  # ggml's id = 1 / d, x * id in f32
+    q = torch.round(blocks * inverse)  # ties to even, as vcvtps2dq
+    x_hat = (q.double() * d.double()).reshape(x.shape)
+    d = d.double()
+    half_d = (d / 2).expand_as(blocks).reshape(x.shape)
+    n, u = x.shape[-1] // GROUP + 3, 2.0**-24
+    w_abs = dense.double().abs().t()
+    f32 = n * u / (1 - n * u) * 4 * ((x.double().abs() + half_d) @ w_abs)
+    return x_hat, half_d @ w_abs, f32
+
+
+INT8_CASES = [("q8_0", 512), ("q8_0", 96), ("q8_0", 576), ("q4_0", 512), ("q4_0", 576),
+              ("q4_k", 512), ("q4_k", 1536)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,cols", INT8_CASES, ids=[f"{k}-{c}" for k, c in INT8_CASES])
+@pytest.mark.parametrize("batch", [(1,), (2, 7), (1, 5)], ids=["decode", "batch", "b5"])
+@pytest.mark.parametrize("rows", [97, 4, 1])
+def test_int8_activations_within_their_rounding(kind, cols, batch, rows, monkeypatch):
+    """numerics="fast" on a VNNI CPU: x rounded to int8 per 32-block, integer dot products.
+    Against the exact f64 sum of w . x within the activations' rounding plus f32 summation
+    error; and against w . x_hat (x_hat rounded as ggml rounds, in f64) within the f32
+    term alone, so the kernel's rounding of x is ggml's (576 columns: 18 blocks, a tail of
+    two; q8_0 96: an odd block; q4_0 576: rows of 9 blocks per half)."""
+    _require_kernels()
+    if not _vnni():  # elsewhere the f32 kernel runs (the tests above cover it)
+        assert kernels.int8x_linear_op() is None
+        return
+    monkeypatch.setattr(quantized, "_blocked_linear", _refuse)
+    w, raw = _packed(kind, rows=rows, cols=cols)
+    quantized.allow_int8_activations({"w": w}, "fast")
+    dense = _gguf_dequantized(raw, kind, w.shape)
+    x = torch.randn((*batch, cols), generator=torch.Generator().manual_seed(rows + cols))
+    x[..., 5] = 0.0
+    x[..., 64:96] = 0.0  # a block of zeros: d = 0
+    got = F.linear(x, w).double()
+    assert got.shape == (*batch, rows)
+    x_hat, rounding, f32 = _int8_terms(x, dense)
+    delta = (got - x.double() @ dense.double().t()).abs()
+    ok = delta <= rounding + f32  # NaN fails
+    assert ok.all(), f"{int((~ok).sum())} outside the bound, max |delta| {delta.max()}"
+    delta_hat = (got - x_hat @ dense.double().t()).abs()  # x rounded as ggml rounds it
+    ok = delta_hat <= f32
+    assert ok.all(), f"vs x_hat: {int((~ok).sum())} outside, max |delta| {delta_hat.max()}"
+
+
+@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
+def test_int8_activations_only_under_fast_numerics(numerics, monkeypatch):
+    """`equivalent` keeps f32 x (the f32 kernel's bound against exact sums holds); only
+    `fast` takes the integer kernel, and LINNET_INT8X=0 turns it off."""
+    _require_kernels()
+    w, raw = _packed("q8_0", rows=33, cols=512)
+    quantized.allow_int8_activations({"w": w}, numerics)
+    fused = torch.cat([w[:20], w[20:]])  # fuse_linears' stacking keeps the choice
+    int8 = []
+    offered = kernels.int8x_linear_op
+    monkeypatch.setattr(kernels, "int8x_linear_op", lambda: int8.append(1) or offered())
+    x = torch.randn(1, 512)
+    got = F.linear(x, fused)
+    if numerics == "equivalent":
+        assert not int8
+        _assert_within_bound(got, x, _gguf_dequantized(raw, "q8_0", w.shape))
+    else:
+        assert int8
+        monkeypatch.setenv("LINNET_INT8X", "0")
+        assert offered() is None
+        _assert_within_bound(F.linear(x, fused), x, _gguf_dequantized(raw, "q8_0", w.shape))
 
 
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
@@ -222,3 +309,23 @@ def test_hf_folder_quantized_on_load_runs_its_gguf_export(tiny_llama_ggufs, kind
     model = lt.load(src, dtype=kind.upper(), mode="generated")
     _all_matrices_packed(model)
     _close(model.forward(IDS), lt.load(gguf).forward(IDS))
+
+
+@pytest.mark.slow  # two torch.compile warm-ups of a tiny Llama (a minute each under load)
+@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
+def test_compile_mode_calls_the_packed_kernels(tiny_llama_ggufs, numerics):
+    """mode="compile" with packed q8_0 weights gives `generated`'s greedy tokens, and a
+    compiled one-token step calls Linnet's kernel op (seen by the profiler): the f32 one
+    under `equivalent`, the integer one under `fast` where the CPU has VNNI."""
+    _require_kernels()
+    _, gguf = tiny_llama_ggufs("base", "q8_0")
+    want = lt.load(gguf, dtype="q8_0", mode="generated", numerics=numerics).generate(IDS, 6)
+    model = lt.load(gguf, dtype="q8_0", mode="compile", numerics=numerics)
+    assert model.generate(IDS, 6).tolist() == want.tolist()
+    model.reset()
+    logits = model.decode(IDS, 0)
+    with torch.profiler.profile() as prof:
+        model.decode(logits.argmax(-1, keepdim=True), model.position)
+    called = {e.name for e in prof.events() if e.name.startswith("linnet_kernels::")}
+    int8 = numerics == "fast" and kernels.int8x_linear_op() is not None
+    assert called == {f"linnet_kernels::packed_linear{'_int8x' if int8 else ''}"}, called

@@ -4,6 +4,7 @@ every chat prompt."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import linnet.backends.torch.quantized as quantized
@@ -13,15 +14,22 @@ from linnet.backends.torch.quantized import PackedWeight
 from tests.checkpoints import load_reference
 
 
-def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts, monkeypatch):
+@pytest.mark.parametrize("numerics", ["equivalent", "fast"])
+def test_q8_0_first_token_matches_transformers(
+    smollm2_checkpoint, chat_prompts, monkeypatch, numerics
+):
     """On Linnet's C++ kernel where this CPU runs it: the PyTorch path is made to fail for
-    prompts the kernel takes (up to KERNEL_MAX_ROWS tokens)."""
+    prompts the kernel takes (up to KERNEL_MAX_ROWS tokens). `fast` on a CPU with
+    AVX512-VNNI: the integer kernel (x rounded to int8 per 32-block), counted."""
     if kernels.cpu_supported():
         assert kernels.load() is not None, "the C++ kernels did not build (see the warning)"
         assert all(ids.numel() <= quantized.KERNEL_MAX_ROWS for ids in chat_prompts)
         monkeypatch.setattr(quantized, "_blocked_linear", _refuse)
     reference = load_reference(smollm2_checkpoint)
-    model = lt.load(smollm2_checkpoint, dtype="q8_0", mode="generated")
+    int8 = []
+    offered = kernels.int8x_linear_op
+    monkeypatch.setattr(kernels, "int8x_linear_op", lambda: int8.append(offered()) or int8[-1])
+    model = lt.load(smollm2_checkpoint, dtype="q8_0", mode="generated", numerics=numerics)
     packed = [n for n, p in model.params.items() if isinstance(p, PackedWeight)]
     assert len(packed) == 1 + 30 * 7  # the tied embedding and every linear of 30 layers
     for ids in chat_prompts:
@@ -34,6 +42,8 @@ def test_q8_0_first_token_matches_transformers(smollm2_checkpoint, chat_prompts,
         print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
               f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
         assert int(got.argmax()) == int(want.argmax())
+    vnni = kernels.load() is not None and bool(kernels.load().vnni_native())
+    assert bool(int8) == (numerics == "fast") and all(op is not None for op in int8) == vnni
 
 
 def _refuse(*args):

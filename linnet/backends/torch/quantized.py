@@ -50,6 +50,7 @@ class PackedWeight(torch.Tensor):
     def __init__(self, kind, codes, scale, offset, dtype, transposed):
         self.kind, self.codes, self.scale, self.offset = kind, codes, scale, offset
         self.transposed = transposed  # the interpreter's folded transpose of a linear
+        self.int8_x = False  # numerics="fast": x may be rounded to int8 (the VNNI kernel)
 
     @classmethod
     def build(cls, kind, codes, scale, offset=None, *, dtype=torch.float32):
@@ -58,7 +59,9 @@ class PackedWeight(torch.Tensor):
         return cls(kind, codes, scale, offset, dtype, False)
 
     def _with(self, codes, scale, offset, *, transposed=False, dtype=None):
-        return PackedWeight(self.kind, codes, scale, offset, dtype or self.dtype, transposed)
+        out = PackedWeight(self.kind, codes, scale, offset, dtype or self.dtype, transposed)
+        out.int8_x = self.int8_x
+        return out
 
     def __repr__(self):
         return f"PackedWeight({self.kind}, rows={self.rows}, cols={self.cols}, {self.dtype})"
@@ -147,7 +150,7 @@ def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
         x2 = x.reshape(rows_x, x.shape[-1]).float()
         ops = _kernel_ops(x2, w)
         if ops is not None:
-            y = ops.packed_linear(x2.contiguous(), w.codes, w.scale, w.offset)
+            y = _kernel_linear(ops, x2.contiguous(), w)
         else:
             y = _blocked_linear(x2, w)
         if b is not None:
@@ -164,6 +167,24 @@ def _kernel_ops(x2: torch.Tensor, w: PackedWeight):
     if not all(p.is_contiguous() for p in parts):
         return None
     return kernels.load()
+
+
+def _kernel_linear(ops, x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """The integer kernel (x rounded to int8 per 32-block) for a weight that allows it,
+    where the CPU has VNNI and the rows suit it (4-bit: whole 64-blocks); else the f32 one."""
+    if w.int8_x and (w.offset is None or w.cols % 64 == 0):
+        int8x = kernels.int8x_linear_op()
+        if int8x is not None:
+            return int8x(x2, w.codes, w.scale, w.offset)
+    return ops.packed_linear(x2, w.codes, w.scale, w.offset)
+
+
+def allow_int8_activations(params: dict, numerics: str) -> None:
+    """Under numerics="fast" the packed weights among `params` may run the integer kernel
+    (x quantized per 32-block as ggml's q8_0 activations); "equivalent" keeps f32 x."""
+    for p in params.values():
+        if isinstance(p, PackedWeight):
+            p.int8_x = numerics == "fast"
 
 
 def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
     ops = kernels.load()        # torch.ops.linnet_kernels, or None: use the PyTorch path
     ops.packed_linear(x, codes, scale, offset)   # packed_gemv.cpp
+    int8x_linear_op()           # packed_vnni.cpp's op (x rounded to int8) where this CPU has
+                                # AVX512-VNNI, or None
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
@@ -23,14 +25,15 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp")
+SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "packed_vnni.cpp")
 FLAGS = ("-O3", "-march=native")
+_OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 
 
 def enabled() -> bool:
     """False when LINNET_KERNELS is 0/off/false/no: the PyTorch fallback everywhere."""
-    return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+    return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in _OFF
 
 
 def cpu_supported() -> bool:
@@ -63,10 +66,26 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     return ops.bf16_linear if _loaded["bf16"] else None
 
 
+def int8x_linear_op():
+    """`packed_linear_int8x(x2, codes, scale, offset)`: x quantized per 32-block to int8 and
+    integer dot products (numerics="fast" only), where the kernels load and were built with
+    AVX512-VNNI; else None (also when LINNET_INT8X is 0/off/false/no: the f32 kernel)."""
+    ops = load()
+    if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in _OFF:
+        return None
+    if "vnni" not in _loaded:
+        _loaded["vnni"] = bool(ops.vnni_native())
+    return ops.packed_linear_int8x if _loaded["vnni"] else None
+
+
 def _register_fakes() -> None:
     """Shapes for torch.compile's tracing (the ops run eagerly between graphs)."""
 
     @torch.library.register_fake("linnet_kernels::packed_linear")
+    def _(x, codes, scale, offset):
+        return x.new_empty(x.shape[0], scale.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::packed_linear_int8x")
     def _(x, codes, scale, offset):
         return x.new_empty(x.shape[0], scale.shape[0])
 

@@ -1,0 +1,251 @@
+// Integer dot products for packed linears under numerics="fast" (issue 21), on CPUs with
+// AVX512-VNNI: x is quantized per 32-block to int8 as ggml quantizes its q8_0 activations
+// (d = amax / 127, q = round(x / d), ties to even), and each block's dot product is
+// vpdpbusd (u8 x s8, four products summed in int32: exact), then scaled in f32:
+//
+//   y[b, r] = sum_g d_x[b, g] * (scale[r, g] * sum_k code[r, k] q[b, k]
+//                                + offset[r, g] * sum_k q[b, k])        (k in block g)
+//
+// i.e. exactly w . x_hat summed in f32, x_hat = d_x * q the rounded activations: the
+// difference from the reference is the activations' rounding (|x - x_hat| <= d_x / 2)
+// plus f32 summation error. q8_0 codes are signed: they are flipped to u8 (code + 128)
+// and the accumulator starts at -128 * (the four q's sum), so the int32 sums stay exact.
+// Layouts as in packed_gemv.cpp. 4-bit weights need rows of whole 64-blocks (each half of
+// a row whole 32-blocks); the caller keeps the f32 kernel otherwise.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int kRows = 2;          // output rows per tile
+constexpr int64_t kAhead = 256;  // prefetch distance in each row's stream (bytes)
+
+struct Quantized {  // batch rows of x, each quantized per 32-block
+  std::vector<int8_t> q;      // (batch, cols)
+  std::vector<float> d;       // (batch, groups): the block's scale
+  std::vector<float> sums;    // (batch, groups): d * sum of the block's q (4-bit offsets)
+  std::vector<int32_t> bias;  // (batch, cols / 4): -128 * sum of each four q (q8_0's flip)
+};
+
+Quantized quantize_x(const float* x, int64_t batch, int64_t cols) {
+  const int64_t groups = cols / kGroup;
+  Quantized out{std::vector<int8_t>(batch * cols), std::vector<float>(batch * groups),
+                std::vector<float>(batch * groups), std::vector<int32_t>(batch * cols / 4)};
+  for (int64_t i = 0; i < batch * groups; ++i) {
+    const float* v = x + i * kGroup;
+    const __m512 a0 = _mm512_loadu_ps(v), a1 = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(a0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(a1, _mm512_set1_ps(id)));
+    _mm_storeu_si128((__m128i*)(out.q.data() + i * kGroup), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(out.q.data() + i * kGroup + 16), _mm512_cvtsepi32_epi8(q1));
+    out.d[i] = d;
+    out.sums[i] = d * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    const int8_t* q = out.q.data() + i * kGroup;
+    for (int l = 0; l < kGroup / 4; ++l)
+      out.bias[i * kGroup / 4 + l] = -128 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+  }
+  return out;
+}
+
+struct Problem {
+  const void* codes;
+  const float* scale;   // (rows, groups)
+  const float* offset;  // (rows, groups) or null
+  float* y;             // (batch, rows)
+  int64_t batch, rows, cols;
+};
+
+inline __mmask16 lanes(int64_t n) { return (__mmask16)((1u << n) - 1); }
+inline float hsum(__m512 a) { return _mm512_reduce_add_ps(a); }
+// A dot product's 16 int32 lanes: 0-7 the pair's first block, 8-15 its second.
+inline __m512i pair_index(int64_t first) {
+  return _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                          _mm512_set1_epi32(int(first)));
+}
+
+// Rows r0..r0+R, x rows b0..b0+B, q8_0: 16 blocks of scales at a time, 2 blocks a step.
+template <int R, int B>
+void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  const int64_t groups = p.cols / kGroup;
+  const int8_t* codes = static_cast<const int8_t*>(p.codes);
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    const int64_t n = std::min<int64_t>(16, groups - g0);
+    __m512 s[R][B];  // scale[r, g] * d_x[b, g] for these 16 blocks
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b)
+        s[r][b] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n), p.scale + (r0 + r) * groups + g0),
+                                _mm512_maskz_loadu_ps(lanes(n), x.d.data() + (b0 + b) * groups + g0));
+    for (int64_t j = 0; j < n; j += 2) {
+      const int64_t k = (g0 + j) * kGroup;
+      const bool two = n - j >= 2;  // else one block: the upper lanes read nothing
+      const __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;
+      const __mmask16 words = two ? 0xFFFF : 0x00FF;
+      const __m512i idx = pair_index(j);
+      __m512i xq[B], xb[B];
+      for (int b = 0; b < B; ++b) {
+        xq[b] = _mm512_maskz_loadu_epi8(bytes, x.q.data() + (b0 + b) * p.cols + k);
+        xb[b] = _mm512_maskz_loadu_epi32(words, x.bias.data() + ((b0 + b) * p.cols + k) / 4);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* row = codes + (r0 + r) * p.cols;
+        __builtin_prefetch(row + k + kAhead);
+        const __m512i w = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes, row + k), flip);
+        for (int b = 0; b < B; ++b) {
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(xb[b], w, xq[b]));
+          acc[r][b] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(idx, s[r][b]), acc[r][b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
+}
+
+// The same for 4-bit codes: 64 bytes hold two blocks of each half of the row.
+template <int R, int B>
+void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+  __m512 acc[R][B], off[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = off[r][b] = _mm512_setzero_ps();
+  const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
+  const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t g0 = 0; g0 < hg; g0 += 16) {
+    const int64_t n = std::min<int64_t>(16, hg - g0);
+    __m512 lo_s[R][B], hi_s[R][B];
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * groups + g0;
+      for (int b = 0; b < B; ++b) {
+        const int64_t xat = (b0 + b) * groups + g0;
+        const float *d = x.d.data() + xat, *sums = x.sums.data() + xat;
+        lo_s[r][b] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n), p.scale + at),
+                                   _mm512_maskz_loadu_ps(lanes(n), d));
+        hi_s[r][b] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n), p.scale + at + hg),
+                                   _mm512_maskz_loadu_ps(lanes(n), d + hg));
+        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), p.offset + at),
+                                    _mm512_maskz_loadu_ps(lanes(n), sums), off[r][b]);
+        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), p.offset + at + hg),
+                                    _mm512_maskz_loadu_ps(lanes(n), sums + hg), off[r][b]);
+      }
+    }
+    for (int64_t j = 0; j < n; j += 2) {
+      const int64_t k = (g0 + j) * kGroup;  // byte in the row; element of its first half
+      const __mmask64 bytes = n - j >= 2 ? ~0ULL : 0xFFFFFFFFULL;
+      const __m512i idx = pair_index(j);
+      __m512i xl[B], xh[B];
+      for (int b = 0; b < B; ++b) {
+        xl[b] = _mm512_maskz_loadu_epi8(bytes, x.q.data() + (b0 + b) * p.cols + k);
+        xh[b] = _mm512_maskz_loadu_epi8(bytes, x.q.data() + (b0 + b) * p.cols + half + k);
+      }
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* row = codes + (r0 + r) * half;
+        __builtin_prefetch(row + k + kAhead);
+        const __m512i c = _mm512_maskz_loadu_epi8(bytes, row + k);
+        const __m512i lo = _mm512_and_si512(c, nibble);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
+        for (int b = 0; b < B; ++b) {
+          const __m512i z = _mm512_setzero_si512();
+          const __m512 dl = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, lo, xl[b]));
+          const __m512 dh = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, hi, xh[b]));
+          acc[r][b] = _mm512_fmadd_ps(dl, _mm512_permutexvar_ps(idx, lo_s[r][b]), acc[r][b]);
+          acc[r][b] = _mm512_fmadd_ps(dh, _mm512_permutexvar_ps(idx, hi_s[r][b]), acc[r][b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b)
+      p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + hsum(off[r][b]);
+}
+
+template <int R, int B>
+struct Q8 {
+  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+    q8_tile<R, B>(p, x, r0, b0);
+  }
+};
+template <int R, int B>
+struct Q4 {
+  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+    q4_tile<R, B>(p, x, r0, b0);
+  }
+};
+
+// x rows two at a time (more would spill the tile's registers).
+template <template <int, int> class Tile, int R>
+void batch_tiles(const Problem& p, const Quantized& x, int64_t r0) {
+  int64_t b0 = 0;
+  for (; b0 + 2 <= p.batch; b0 += 2) Tile<R, 2>::run(p, x, r0, b0);
+  if (b0 < p.batch) Tile<R, 1>::run(p, x, r0, b0);
+}
+
+template <template <int, int> class Tile>
+void run_rows(const Problem& p, const Quantized& x) {
+  const int64_t tiles = p.rows / kRows;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * p.cols));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) batch_tiles<Tile, kRows>(p, x, t * kRows);
+  });
+  for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, x, r);
+}
+
+at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
+                               const at::Tensor& scale, const c10::optional<at::Tensor>& offset) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale");
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2, "codes");
+  const int64_t rows = scale.size(0), cols = scale.size(1) * kGroup;
+  TORCH_CHECK(x.size(1) == cols && codes.size(0) == rows, "shapes");
+  at::Tensor y = at::empty({x.size(0), rows}, x.options());
+  const Quantized xq = quantize_x(x.data_ptr<float>(), x.size(0), cols);
+  Problem p{codes.data_ptr(), scale.data_ptr<float>(), nullptr, y.data_ptr<float>(),
+            x.size(0), rows, cols};
+  if (codes.scalar_type() == at::kChar) {
+    TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
+    run_rows<Q8>(p, xq);
+  } else {
+    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
+    TORCH_CHECK(cols % 64 == 0, "4-bit rows of whole 64-blocks");
+    TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
+    TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
+    p.offset = offset->data_ptr<float>();
+    run_rows<Q4>(p, xq);
+  }
+  return y;
+}
+
+bool native() { return true; }
+
+}  // namespace
+#else
+namespace {
+at::Tensor packed_linear_int8x(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const c10::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "built without AVX512-VNNI");
+}
+bool native() { return false; }
+}  // namespace
+#endif
+
+TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
+  m.def("packed_linear_int8x(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
+  m.def("vnni_native() -> bool", native);
+}
+
+TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("packed_linear_int8x", packed_linear_int8x); }
