@@ -41,3 +41,19 @@ def _pad2d(cx, x, left, right, top, bottom):
     lft, rgt, tp, btm = sides
     pads = ((0, 0), (0, 0), (tp, btm), (lft, rgt))
     return cx.add("pad", [x], pads=pads, value=0.0)
+
+
+@builtin(
+    "clamp",
+    ("x", "tensor"),
+    ("low", "float"),
+    ("high", "float"),
+    doc="x limited to [low, high] (torch.clamp)",
+)
+def _clamp(cx, x, low, high):
+    if not low <= high:
+        raise OpTypeError("clamp needs low <= high", f"<= {high}", str(low))
+    dtype = x.type.dtype
+    return cx.add(
+        "minimum", [cx.add("maximum", [x, cx.scalar(low, dtype)]), cx.scalar(high, dtype)]
+    )
