@@ -139,3 +139,28 @@ def test_check_refuses_a_wrong_size():
     bad = TOY.replace("-> f32[B, C, 2 * H + 1, W]", "-> f32[B, C, 2 * H, W]")
     messages = [d.message for d in check_source(parse(bad, "toy.linnet"))]
     assert messages, "a resize to the wrong height was accepted"
+
+
+def test_runtime_sizes_on_the_interpreter_and_onnx():
+    """Sides that are runtime dims (H, W) and a size computed from them (2 * H + 1, W - 1):
+    the tables are built per call; ONNX reads the sizes from the input's shape."""
+    ort = pytest.importorskip("onnxruntime")
+    from linnet.core.dims import Poly
+    from linnet.ir.graph import Graph, GraphBuilder
+    from linnet.ir.types import TensorType
+
+    h, w = Poly.atom("H"), Poly.atom("W")
+    ty = TensorType("f32", (Poly.const(1), Poly.const(2), h, w))
+    attrs = dict(size=(2 * h + 1, w - 1), align_corners=False)
+    graph = Graph("resize")
+    graph.outputs = [GraphBuilder(graph).add("resize_bilinear", [graph.input("x0", ty)], **attrs)]
+    session = ort.InferenceSession(
+        to_model(Entry("resize", graph), [], {}).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
+    for shape in ((1, 2, 3, 5), (1, 2, 6, 4)):
+        x = rand(*shape, seed=9)
+        want = F.interpolate(x, size=(2 * shape[2] + 1, shape[3] - 1), mode="bilinear")
+        close(run_op("resize_bilinear", [x], types=[ty], **attrs), want, f"interpret {shape}", 1e-6)
+        (got,) = session.run(None, {"x0": x.numpy()})
+        close(torch.from_numpy(got), want, f"onnx {shape}", 1e-6)
