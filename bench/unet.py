@@ -1,6 +1,8 @@
 """One UNet step at SDXL's structure scaled to fit a CPU: Linnet (PyTorch interpret,
-generated equivalent and fast, ONNX on onnxruntime) against diffusers eager and under
-torch.compile, batch 1, f32, on the same random weights and inputs.
+generated equivalent and fast, ONNX on onnxruntime) against diffusers eager, under
+torch.compile, and exported by torch.onnx (TorchScript exporter, opset 17: the dynamo one
+needs onnxscript) on onnxruntime with Linnet's session options, batch 1, f32, on the same
+random weights and inputs.
 
     python bench/unet.py [--scale small|sdxl-lite] [--repeats 5] [--skip METHOD] [--out FILE.json]
 
@@ -108,6 +110,7 @@ def methods(folder: Path, work: Path) -> dict:
         return bind
 
     return {
+        "diffusers onnx (torch.onnx, onnxruntime)": lambda: diffusers_onnx(folder, work),
         "linnet interpret": lambda: linnet_torch("interpret", "equivalent"),
         "linnet generated, equivalent": lambda: linnet_torch("generated", "equivalent"),
         "linnet generated, fast": lambda: linnet_torch("generated", "fast"),
@@ -115,6 +118,43 @@ def methods(folder: Path, work: Path) -> dict:
         "diffusers eager": lambda: diffusers(False),
         "diffusers compile": lambda: diffusers(True),
     }
+
+
+def diffusers_onnx(folder: Path, work: Path):
+    """diffusers' UNet through torch.onnx.export (traced at the benchmark's inputs), run by
+    onnxruntime with default SessionOptions on the CPU, as Linnet's export runs."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    class Step(torch.nn.Module):  # five positional tensors -> the noise prediction
+        def __init__(self, unet):
+            super().__init__()
+            self.unet = unet
+
+        def forward(self, sample, t, states, text, ids):
+            extra = {"text_embeds": text, "time_ids": ids}
+            return self.unet(sample, t, states, added_cond_kwargs=extra).sample
+
+    unet = UNet2DConditionModel.from_pretrained(folder, trust_remote_code=False).eval()
+    path = work / "diffusers-unet.onnx"
+    names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
+
+    def bind(args):
+        if not path.exists():
+            with torch.no_grad():
+                torch.onnx.export(
+                    Step(unet), args, str(path), dynamo=False, input_names=names,
+                    output_names=["noise"], opset_version=17,
+                )  # fmt: skip
+        session = ort.InferenceSession(
+            str(path), ort.SessionOptions(), providers=["CPUExecutionProvider"]
+        )
+        feeds = {n: a.numpy() for n, a in zip(names, args)}
+        return lambda: np.asarray(session.run(None, feeds)[0])
+
+    return bind
 
 
 def time_call(call, repeats: int) -> tuple:

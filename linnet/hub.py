@@ -37,6 +37,7 @@ from linnet.hub_files import read_json as _read_json
 from linnet.hub_remote import (  # noqa: F401  (hub_remote's names, as linnet.hub had them)
     HEADER_PROBE,
     TOKENIZER_FILES,
+    VARIANT_OF_DTYPE,
     RemoteCheckpoint,
     RemoteFile,
     _remote_files,
@@ -322,6 +323,7 @@ def pull(
     ask = dict(
         repo=repo, revision=revision, dtype=dtype, endpoint=endpoint, cache=cache, scope=scope
     )
+    ask["variant"] = VARIANT_OF_DTYPE.get(dtype or "")  # f16: a diffusers .fp16. file, if any
 
     offline = _offline()
     if offline:
@@ -351,7 +353,7 @@ def pull(
     )
 
 
-def _pull_online(*, repo, revision, dtype, endpoint, cache, scope, token):
+def _pull_online(*, repo, revision, dtype, endpoint, cache, scope, token, variant=None):
     from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
     from huggingface_hub.utils import build_hf_headers
 
@@ -374,10 +376,10 @@ def _pull_online(*, repo, revision, dtype, endpoint, cache, scope, token):
     if "config.json" not in remote:
         raise CheckpointError(f"{label}: no {scope.path('config.json')}", file="config.json")
     config = _read_json(fetch("config.json"), f"{repo}/{scope.path('config.json')}")
-    shards = index_file(remote)
+    shards = index_file(remote, variant)
     index = _read_json(fetch(shards), f"{repo}/{scope.path(shards)}") if shards else None
-    files = wanted_files(set(remote), index)
-    weights = weight_files(set(remote), index)
+    files = wanted_files(set(remote), index, variant)
+    weights = weight_files(set(remote), index, variant)
 
     # The plan, from the headers alone, before any weight is downloaded.
     snapshot = scope.folder(_storage(cache, repo) / "snapshots" / commit)
@@ -412,7 +414,7 @@ def _pull_online(*, repo, revision, dtype, endpoint, cache, scope, token):
     return folder, commit, files, plan_for(Checkpoint(folder), dtype).check()
 
 
-def _pull_cached(*, repo, revision, dtype, endpoint, cache, scope):
+def _pull_cached(*, repo, revision, dtype, endpoint, cache, scope, variant=None):
     """The same pull from the cache alone: the snapshot must hold every file a pull fetches."""
     storage = _storage(cache, repo)
     commit = revision
@@ -435,9 +437,9 @@ def _pull_cached(*, repo, revision, dtype, endpoint, cache, scope):
     } or {str(p.relative_to(snapshot)): None for p in snapshot.rglob("*") if not p.is_dir()}
     remote = scope.files(everything, f"{repo}@{commit[:12]} (cached)")
     folder = scope.folder(snapshot)
-    shards = index_file(remote)
+    shards = index_file(remote, variant)
     index = _read_json(folder / shards, scope.path(shards)) if shards else None
-    files = wanted_files(set(remote), index)
+    files = wanted_files(set(remote), index, variant)
     missing = [scope.path(f) for f in files if not (folder / f).exists()]
     if missing:
         raise HubUnreachable(

@@ -58,17 +58,41 @@ def _remote_files(repo_files) -> dict[str, RemoteFile]:
     return out
 
 
-def index_file(names) -> str | None:
-    """The shard index among `names`, as `Checkpoint` looks for it: transformers', then
-    diffusers' (`diffusion_pytorch_model.safetensors.index.json`)."""
+#: The dtype a pull asks for -> the diffusers weights variant that holds it.
+VARIANT_OF_DTYPE = {"f16": "fp16"}
+
+
+def with_variant(name: str, variant: str | None) -> str:
+    """diffusers' variant file name: the variant before the last suffix
+    (`x.safetensors` -> `x.fp16.safetensors`, `x.safetensors.index.json` ->
+    `x.safetensors.index.fp16.json`)."""
+    if not variant:
+        return name
+    stem, _, suffix = name.rpartition(".")
+    return f"{stem}.{variant}.{suffix}"
+
+
+def _variant_present(names, variant: str | None) -> bool:
+    """Whether the repo has the variant's weights (a single file or an index)."""
+    files = (f"{stem}.safetensors" for stem in WEIGHT_STEMS)
     indexes = (f"{stem}.safetensors.index.json" for stem in WEIGHT_STEMS)
+    return bool(variant) and any(with_variant(n, variant) in names for n in (*files, *indexes))
+
+
+def index_file(names, variant: str | None = None) -> str | None:
+    """The shard index among `names`, as `Checkpoint` looks for it: transformers', then
+    diffusers' (`diffusion_pytorch_model.safetensors.index.json`); the variant's index where
+    the repo has the variant's weights."""
+    variant = variant if _variant_present(names, variant) else None
+    indexes = (with_variant(f"{stem}.safetensors.index.json", variant) for stem in WEIGHT_STEMS)
     return next((i for i in indexes if i in names), None)
 
 
-def weight_files(names: set[str], index: dict | None) -> list[str]:
+def weight_files(names: set[str], index: dict | None, variant: str | None = None) -> list[str]:
     """The safetensors files Linnet loads: the sharded set an index names, or model.safetensors
-    (diffusers': diffusion_pytorch_model.safetensors; never a variant such as its .fp16.).
-    Pickled weights are never among them."""
+    (diffusers': diffusion_pytorch_model.safetensors). With a variant (`fp16`) the repo has,
+    its file instead (diffusion_pytorch_model.fp16.safetensors): never both, so the folder
+    holds one set of weights. Pickled weights are never among them."""
     if index is not None:
         shards = sorted(set((index.get("weight_map") or {}).values()))
         missing = [s for s in shards if s not in names]
@@ -78,7 +102,8 @@ def weight_files(names: set[str], index: dict | None) -> list[str]:
                 file=missing[0],
             )
         return shards
-    single = (f"{stem}.safetensors" for stem in WEIGHT_STEMS)
+    variant = variant if _variant_present(names, variant) else None
+    single = (with_variant(f"{stem}.safetensors", variant) for stem in WEIGHT_STEMS)
     found = next((f for f in single if f in names), None)
     if found is not None:
         return [found]
@@ -92,11 +117,19 @@ def weight_files(names: set[str], index: dict | None) -> list[str]:
     raise CheckpointError(f"the repo has no {SINGLE_FILE} or {INDEX_FILE}")
 
 
-def wanted_files(names: set[str], index: dict | None) -> list[str]:
-    """Everything a pull fetches: top-level JSON and tokenizer files, and the weights."""
+def wanted_files(names: set[str], index: dict | None, variant: str | None = None) -> list[str]:
+    """Everything a pull fetches: top-level JSON and tokenizer files, and the weights; of the
+    shard indexes, only the one whose shards are fetched (`Checkpoint` reads the first it
+    finds)."""
     top = [n for n in names if "/" not in n]
-    extra = [n for n in top if n.endswith(".json") or n in TOKENIZER_FILES]
-    return sorted(set(extra) | set(weight_files(names, index)))
+    chosen = index_file(names, variant)
+    extra = [
+        n
+        for n in top
+        if (n.endswith(".json") and (".safetensors.index" not in n or n == chosen))
+        or n in TOKENIZER_FILES
+    ]
+    return sorted(set(extra) | set(weight_files(names, index, variant)))
 
 
 # -- planning from remote headers ---------------------------------------------------------

@@ -32,8 +32,9 @@ class Model:
         if "_kinds" in cls.__dict__:  # a backend's base class: pick by the entries
             entries = cls._entries_of(*args, **kwargs)
             for entry, kind in cls._kinds.items():
-                # a `decode` without state (an image decoder's) is no text decoder
-                if entry in entries and (entry != "decode" or cls._has_state(*args, **kwargs)):
+                # a `decode` or `encode` without state (a VAE's) is no text decoder or seq2seq
+                stateful = entry not in ("decode", "encode") or cls._has_state(*args, **kwargs)
+                if entry in entries and stateful:
                     cls = kind
                     break
         return super().__new__(cls)

@@ -273,11 +273,16 @@ def _iota(cx, n: Poly):
     ("b", "tensor?", None),
     ("stride", "int", Poly.const(1)),
     ("padding", "int", Poly.const(0)),
-    doc="2-D convolution: x [B, C, H, W], w [O, C, KH, KW], zero padding on both sides",
+    ("dilation", "int", Poly.const(1)),
+    ("groups", "int", Poly.const(1)),
+    doc="2-D convolution: x [B, C, H, W], w [O, C / groups, KH, KW], zero padding on both sides",
 )
-def _conv(cx, x, w, b, stride, padding):
+def _conv(cx, x, w, b, stride, padding, dilation, groups):
     ins = [x, w] + ([b] if b is not None else [])
-    return cx.add("conv", ins, stride=_maybe_int(stride), padding=_maybe_int(padding))
+    # dilation and groups only where not 1, so existing graphs print as before
+    extra = {k: _maybe_int(v) for k, v in (("dilation", dilation), ("groups", groups))}
+    extra = {k: v for k, v in extra.items() if v != 1}
+    return cx.add("conv", ins, stride=_maybe_int(stride), padding=_maybe_int(padding), **extra)
 
 
 @builtin(
@@ -468,4 +473,7 @@ def _const_axis(axis: Poly) -> int:
     return axis.value
 
 
-from linnet.check import builtins_sam  # noqa: E402, F401  (SAM, issue 15)
+from linnet.check import (
+    builtins_image,  # noqa: E402, F401  (registers the image builtins)
+    builtins_sam,  # noqa: E402, F401  (SAM, issue 15)
+)

@@ -15,6 +15,7 @@ import numpy as np
 
 from linnet.core.dims import Poly
 from linnet.ir.library_moe import moe
+from linnet.ir.library_resize import resize_bilinear
 from linnet.ir.library_sam import conv_transpose
 from linnet.ir.library_unet import timestep_embedding
 
@@ -284,18 +285,19 @@ def _band(b, qpos, kpos, causal, window):
     return allowed
 
 
-def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: float):
+def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: float, dilation=1):
     """Every kernel offset (i, j) of x [B, C, H, W] padded by `value`: a list of the
-    strided views [B, C, OH, OW] that offset sees, row-major over the kernel."""
+    strided views [B, C, OH, OW] that offset sees, row-major over the kernel; a dilated
+    kernel's offset (i, j) starts at (i * dilation, j * dilation)."""
     bsz, ch, h, w = b.type_of(x).shape
     if padding:
         pads = ((0, 0), (0, 0), (padding, padding), (padding, padding))
         x = b.add("pad", [x], pads=pads, value=value)
-    oh = (h + 2 * padding - kernel[0]).floordiv(stride) + 1
-    ow = (w + 2 * padding - kernel[1]).floordiv(stride) + 1
+    oh = (h + 2 * padding - dilation * (kernel[0] - 1) - 1).floordiv(stride) + 1
+    ow = (w + 2 * padding - dilation * (kernel[1] - 1) - 1).floordiv(stride) + 1
     views = []
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
+    for i in range(0, dilation * kernel[0], dilation):
+        for j in range(0, dilation * kernel[1], dilation):
             starts = (0, 0, i, j)
             stops = (bsz, ch, i + stride * (oh - 1) + 1, j + stride * (ow - 1) + 1)
             views.append(
@@ -304,13 +306,15 @@ def _windows(b, x, kernel: tuple[int, int], stride: int, padding: int, value: fl
     return views, oh, ow
 
 
-def conv(b, x, w, bias=None, *, stride=1, padding=0):
+def conv(b, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
     """im2col: the kernel's views of x stacked on the channel axis, then one matmul with w
-    flattened to [O, C * KH * KW] (patches that tile the input: reshape, no copies)."""
+    flattened to [O, C * KH * KW] (patches that tile the input: reshape, no copies). With
+    groups, the columns are [B, groups, C / groups * KH * KW, OH * OW] and w is
+    [groups, O / groups, C / groups * KH * KW]: one batched matmul over the groups."""
     bsz, ch, h, wd = b.type_of(x).shape
     out_ch, _, kh, kw = (d.value for d in b.type_of(w).shape)
     k = ch * kh * kw
-    if stride == kh == kw and not padding:  # non-overlapping patches (ViT): a reshape
+    if stride == kh == kw and not padding and dilation == groups == 1:  # ViT patches
         oh, ow = h.floordiv(kh), wd.floordiv(kw)
         if oh * kh != h or ow * kw != wd:
             x = b.add("slice", [x], starts=(0, 0, 0, 0), stops=(bsz, ch, oh * kh, ow * kw))
@@ -320,14 +324,30 @@ def conv(b, x, w, bias=None, *, stride=1, padding=0):
         y = linear(b, cols, b.add("reshape", [w], shape=(out_ch, k)), bias)  # (B, OH*OW, O)
         y = b.add("transpose", [y], perm=(0, 2, 1))
         return b.add("reshape", [y], shape=(bsz, out_ch, oh, ow))
-    views, oh, ow = _windows(b, x, (kh, kw), stride, padding, 0.0)
-    cols = [b.add("reshape", [v], shape=(bsz, ch, 1, oh * ow)) for v in views]
-    cols = cols[0] if len(cols) == 1 else b.add("concat", cols, axis=2)  # (B, C, KH*KW, OH*OW)
-    cols = b.add("reshape", [cols], shape=(bsz, k, oh * ow))
-    y = b.add("matmul", [b.add("reshape", [w], shape=(out_ch, k)), cols])  # (B, O, OH*OW)
+    views, oh, ow = _windows(b, x, (kh, kw), stride, padding, 0.0, dilation)
+    if groups == 1:
+        cols = [b.add("reshape", [v], shape=(bsz, ch, 1, oh * ow)) for v in views]
+        cols = cols[0] if len(cols) == 1 else b.add("concat", cols, axis=2)  # (B, C, KH*KW, OH*OW)
+        cols = b.add("reshape", [cols], shape=(bsz, k, oh * ow))
+        y = b.add("matmul", [b.add("reshape", [w], shape=(out_ch, k)), cols])  # (B, O, OH*OW)
+    else:
+        y = _grouped_matmul(b, views, w, groups, (bsz, ch, oh * ow))
     if bias is not None:
         y = b.add("add", [y, b.add("reshape", [bias], shape=(out_ch, 1))])
     return b.add("reshape", [y], shape=(bsz, out_ch, oh, ow))
+
+
+def _grouped_matmul(b, views, w, groups: int, sizes):
+    """The columns of each group times that group's rows of w -> (B, O, OH * OW)."""
+    bsz, ch, n = sizes
+    out_ch, per_group, kh, kw = (d.value for d in b.type_of(w).shape)
+    g = Poly.const(groups)
+    cols = [b.add("reshape", [v], shape=(bsz, g, per_group, 1, n)) for v in views]
+    cols = cols[0] if len(cols) == 1 else b.add("concat", cols, axis=3)  # (B, G, C/G, KK, N)
+    cols = b.add("reshape", [cols], shape=(bsz, g, per_group * kh * kw, n))
+    w = b.add("reshape", [w], shape=(g, out_ch // groups, per_group * kh * kw))
+    y = b.add("matmul", [w, cols])  # (B, G, O / G, N)
+    return b.add("reshape", [y], shape=(bsz, Poly.const(out_ch), n))
 
 
 def conv1d(b, x, w, bias=None, *, stride=1, padding=0):
@@ -427,6 +447,7 @@ DECOMPOSITIONS = {
     "batch_norm": batch_norm,
     "group_norm": group_norm,
     "upsample_nearest": upsample_nearest,
+    "resize_bilinear": resize_bilinear,
     "moe": moe,
     "timestep_embedding": timestep_embedding,
     "conv_transpose": conv_transpose,

@@ -28,11 +28,38 @@ def _window_attrs(attrs, what: str) -> tuple:
     return stride, padding
 
 
+def _conv_attr(attrs, name: str):
+    """groups or dilation (default 1): an int >= 1, or a config dim when checking."""
+    value = attrs.get(name, 1)
+    if isinstance(value, bool) or not isinstance(value, (int, Poly)):
+        raise OpTypeError(f"conv needs an integer {name}", ">= 1", repr(value))
+    if isinstance(value, int) or value.is_const:
+        if int(Poly.lift(value).value) < 1:
+            raise OpTypeError(f"conv needs {name} >= 1", ">= 1", str(value))
+    return Poly.lift(value)
+
+
+def _check_conv_groups(x, w, groups: Poly) -> None:
+    """x's channels are w's input channels times groups; w's outputs split into groups."""
+    if x.shape[1] != w.shape[1] * groups:
+        raise OpTypeError(
+            "shape mismatch in conv: x's channels must be w's input channels x groups",
+            f"x [B, {w.shape[1] * groups}, H, W] (w {w}, groups {groups})",
+            f"x {x}",
+        )
+    if groups.is_const and w.shape[0].is_const and w.shape[0].value % groups.value:
+        raise OpTypeError(
+            "conv: output channels are not a multiple of the groups",
+            f"a multiple of {groups}",
+            str(w.shape[0]),
+        )
+
+
 @op(
     "conv",
     "library",
-    "2-D convolution of x [B, C, H, W] by w [O, C, KH, KW] (+ b [O]), attrs stride and "
-    "padding (zeros, both sides), as F.conv2d with groups=1",
+    "2-D convolution of x [B, C, H, W] by w [O, C / groups, KH, KW] (+ b [O]), attrs "
+    "stride, padding (zeros, both sides), dilation and groups (default 1), as F.conv2d",
     arity=(2, 3),
 )
 def _conv(ins, attrs):
@@ -40,15 +67,20 @@ def _conv(ins, attrs):
     dtype = same_dtype(ins, "conv")
     require_float(x, "conv")
     stride, padding = _window_attrs(attrs, "conv")
-    if x.rank != 4 or w.rank != 4 or x.shape[1] != w.shape[1]:
+    groups, dilation = _conv_attr(attrs, "groups"), _conv_attr(attrs, "dilation")
+    if x.rank != 4 or w.rank != 4:
         raise OpTypeError(
-            "shape mismatch in conv: x [B, C, H, W] and w [O, C, KH, KW]",
-            f"w like [O, {x.shape[1] if x.rank == 4 else 'C'}, KH, KW]",
+            "shape mismatch in conv: x [B, C, H, W] and w [O, C / groups, KH, KW]",
+            "rank 4 and rank 4",
             f"x {x} and w {w}",
         )
+    _check_conv_groups(x, w, groups)
     if len(ins) == 3 and (ins[2].rank != 1 or ins[2].shape[0] != w.shape[0]):
         raise OpTypeError("shape mismatch in conv: bias", f"[{w.shape[0]}]", str(ins[2]))
-    h, wd = (_spatial_out(x.shape[i], w.shape[i], stride, padding) for i in (2, 3))
+    # a dilated kernel spans dilation * (k - 1) + 1 pixels
+    h, wd = (
+        _spatial_out(x.shape[i], dilation * (w.shape[i] - 1) + 1, stride, padding) for i in (2, 3)
+    )
     return TensorType(dtype, (x.shape[0], w.shape[0], h, wd))
 
 
@@ -134,3 +166,25 @@ def _upsample_nearest(ins, attrs):
         raise OpTypeError("upsample_nearest needs [B, C, H, W]", "rank 4", str(x))
     b, c, h, w = x.shape
     return x.with_shape((b, c, h * scale, w * scale))
+
+
+@op(
+    "resize_bilinear",
+    "library",
+    "bilinear resize of x [B, C, H, W] to attrs['size'] = (OH, OW), as F.interpolate("
+    "mode='bilinear', antialias=False) with attrs['align_corners'] (default false)",
+)
+def _resize_bilinear(ins, attrs):
+    x = ins[0]
+    require_float(x, "resize_bilinear")
+    if x.rank != 4:
+        raise OpTypeError("resize_bilinear needs [B, C, H, W]", "rank 4", str(x))
+    size = attrs.get("size")
+    if not isinstance(size, (tuple, list)) or len(size) != 2:
+        raise OpTypeError("resize_bilinear needs size = (height, width)", "two sizes", repr(size))
+    out = tuple(Poly.lift(d) for d in size)
+    if any(d.is_const and d.value < 1 for d in out):
+        raise OpTypeError("resize_bilinear needs sizes >= 1", ">= 1", str(size))
+    if not isinstance(attrs.get("align_corners", False), bool):
+        raise OpTypeError("resize_bilinear: align_corners is a bool", "true or false", "")
+    return x.with_shape(x.shape[:2] + out)

@@ -9,7 +9,9 @@
   `get_image_features`, `get_text_features`, and `logits` against `logits_per_image`, with
   the same best text for every image;
 * image-decoder: 2 latents of N(0, 1) (seed 0) of LATENT_SIZE; `decode` against diffusers'
-  `decode(latents).sample`;
+  `decode(latents).sample`; where the source has them, `encode` and `encode_logvar` of 2
+  images of N(0, 1) pixels (seed 0, 8x LATENT_SIZE) against diffusers'
+  `encode(pixels).latent_dist.mean` and `.logvar`;
 * unet: 2 latents of N(0, 1) of UNET_LATENT, timesteps 999 and 17 (both ends of the
   schedule), 5 text states and a pooled text embedding of N(0, 1), SDXL's time ids (size,
   crop, target; seed 0); `forward` against diffusers' `UNet2DConditionModel(...).sample`.
@@ -93,7 +95,40 @@ def measure_image_decoder(model, reference, config: dict, tolerance) -> list[Out
         want = reference.decode(latents).sample
     got = np.asarray(model.run("decode", latents))
     label = f"random latents {list(latents.shape)}, seed 0"
-    return [compare(got, want, label, "decode", tolerance, tokens=0, rows=int(latents.shape[0]))]
+    rows = int(latents.shape[0])
+    out = [compare(got, want, label, "decode", tolerance, tokens=0, rows=rows)]
+    return out + measure_image_encoder(model, reference, config, tolerance)
+
+
+def random_images(config: dict, batch: int = 2, seed: int = 0):
+    """N(0, 1) pixels [batch, in_channels, 8 * LATENT_SIZE] (the encoder halves them 3 times)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    size = [8 * side for side in LATENT_SIZE]
+    return torch.randn(batch, config.get("in_channels", 3), *size, generator=g)
+
+
+def measure_image_encoder(model, reference, config: dict, tolerance) -> list[OutputFigures]:
+    """`encode` and `encode_logvar`, those the model has, against diffusers' latent_dist."""
+    import numpy as np
+    import torch
+
+    entries = [e for e in ("encode", "encode_logvar") if e in model.entries]
+    if not entries:
+        return []
+    pixels = random_images(config)
+    with torch.no_grad():
+        dist = reference.encode(pixels).latent_dist
+    wants = {"encode": dist.mean, "encode_logvar": dist.logvar}
+    label = f"random pixels {list(pixels.shape)}, seed 0"
+    rows = int(pixels.shape[0])
+    return [
+        compare(
+            np.asarray(model.run(e, pixels)), wants[e], label, e, tolerance, tokens=0, rows=rows
+        )
+        for e in entries
+    ]
 
 
 def unet_inputs(config: dict, seed: int = 0) -> dict:

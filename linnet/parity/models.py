@@ -25,9 +25,10 @@ DIFFUSERS_KINDS = ("image-decoder", "unet")
 
 
 def checkpoint_kind(path: Path) -> str:
-    """What the checkpoint's source has: `encode` and `decode` (speech), `decode` with a
-    cache (decoder) or without (image-decoder), `embed` (encoder), `embed_text` (image-text),
-    else an image model (vision). Reads the config and headers only."""
+    """What the checkpoint's source has: `decode` without a cache (image-decoder, with or
+    without `encode`), `encode` and `decode` (speech), `decode` with a cache (decoder),
+    `embed` (encoder), `embed_text` (image-text), else an image model (vision). Reads the
+    config and headers only."""
     from linnet.weights.planning import plan_checkpoint
 
     if path.suffix == ".gguf":
@@ -35,9 +36,9 @@ def checkpoint_kind(path: Path) -> str:
     _, source, _, _ = plan_checkpoint(path)
     entries = source.entries
     if "decode" in entries:
-        if "encode" in entries:
-            return "speech"
-        return "decoder" if source.module.states else "image-decoder"
+        if not source.module.states:  # a VAE's decode (and encode) keep no cache
+            return "image-decoder"
+        return "speech" if "encode" in entries else "decoder"
     if "embed" in entries:
         return "encoder"
     if "predict_masks" in entries:  # SAM (issue 15)

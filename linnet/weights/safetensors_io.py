@@ -289,14 +289,17 @@ class Checkpoint:
     # -- locating the weights ---------------------------------------------------------
 
     def _find_weights(self) -> list[Path]:
-        for stem in WEIGHT_STEMS:  # transformers' names, then diffusers'
-            index = self.folder / f"{stem}.safetensors.index.json"
-            single = self.folder / f"{stem}.safetensors"
-            if index.is_file():
-                self.index_path = index
-                return sorted(set(self._weight_map().values()))
-            if single.is_file():
-                return [single]
+        # transformers' names, then diffusers'; a diffusers fp16 variant only where the plain
+        # weights are absent (an f16 pull fetches the variant alone)
+        for variant in ("", ".fp16"):
+            for stem in WEIGHT_STEMS:
+                index = self.folder / f"{stem}.safetensors.index{variant}.json"
+                single = self.folder / f"{stem}{variant}.safetensors"
+                if index.is_file():
+                    self.index_path = index
+                    return sorted(set(self._weight_map().values()))
+                if single.is_file():
+                    return [single]
         pickled = _pickled_files(self.folder)
         if pickled:
             names = ", ".join(p.name for p in pickled)

@@ -1,14 +1,17 @@
-"""Stable Diffusion's VAE decoder (zoo/sd_vae.linnet) against diffusers' AutoencoderKL.
+"""Stable Diffusion's VAE (zoo/sd_vae.linnet) against diffusers' AutoencoderKL.
 
 Tiny random AutoencoderKL checkpoints built by diffusers itself (`save_pretrained`: config.json
 with `_class_name`, diffusion_pytorch_model.safetensors), four up blocks as every SD VAE has:
 widths (16, 16, 32, 32) with 8 groups and one layer per block; (32, 32, 64, 64) with 32 groups
-and two layers; and one without post_quant_conv and mid-block attention. Weights are
-perturbed off diffusers' initialization (zero biases, unit norms) so none is trivial. For a
-batch of 2 latents of 3 x 5 (images 24 x 40), f32: `decode` within 1e-4 of diffusers'
-`AutoencoderKL.decode` in interpret and generated modes, on JAX and on onnxruntime (an ONNX
-export); HF exports write the diffusers layout with every decoder tensor bit-exact, and
-diffusers reads them back to identical images; a misshapen tensor fails at the plan, named.
+and two layers; and one without quant_conv, post_quant_conv and mid-block attention. Weights
+are perturbed off diffusers' initialization (zero biases, unit norms) so none is trivial. For
+a batch of 2 latents of 3 x 5 and 2 images of 24 x 40, f32: `decode`, `encode` and
+`encode_logvar` within 1e-4 of diffusers' `AutoencoderKL.decode(...).sample`,
+`encode(...).latent_dist.mean` and `.logvar` in interpret and generated modes, on JAX and on
+onnxruntime (an ONNX export); the log-variance's clamp to [-30, 20] against diffusers' on
+moments pushed past both ends; HF exports write the diffusers layout with every tensor
+bit-exact, and diffusers reads them back to identical images and latents; a misshapen tensor
+fails at the plan, named.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ VARIANTS = {
         layers_per_block=1,
         norm_num_groups=8,
         use_post_quant_conv=False,
+        use_quant_conv=False,
         mid_block_add_attention=False,
     ),
 }
@@ -66,13 +70,28 @@ def build(root, name: str):
     return folder
 
 
-@torch.no_grad()
-def reference(folder, latents) -> torch.Tensor:
+ENTRIES = ("encode", "encode_logvar", "decode")
+
+
+def load_reference(folder):
     from diffusers import AutoencoderKL
 
-    return (
-        AutoencoderKL.from_pretrained(folder, trust_remote_code=False).eval().decode(latents).sample
-    )
+    return AutoencoderKL.from_pretrained(folder, trust_remote_code=False).eval()
+
+
+@torch.no_grad()
+def reference(folder, latents) -> torch.Tensor:
+    return load_reference(folder).decode(latents).sample
+
+
+@torch.no_grad()
+def reference_encode(model_or_folder, pixels) -> dict:
+    """diffusers' latent distribution: {entry: tensor} for encode and encode_logvar."""
+    model = model_or_folder
+    if not hasattr(model, "encode"):
+        model = load_reference(model_or_folder)
+    dist = model.encode(pixels).latent_dist
+    return {"encode": dist.mean, "encode_logvar": dist.logvar}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +104,21 @@ def built(tmp_path_factory):
             folder = build(root, name)
             latents = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(7))
             cache[name] = folder, latents, reference(folder, latents)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def encoded(built):
+    """(folder, pixels, {entry: diffusers' tensor}) per variant: 2 images of 24 x 40."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = built(name)[0]
+            pixels = torch.randn(2, 3, 24, 40, generator=torch.Generator().manual_seed(8))
+            cache[name] = folder, pixels, reference_encode(folder, pixels)
         return cache[name]
 
     return get
@@ -104,22 +138,63 @@ def check(name, got, want, tol) -> None:
 def test_decode_matches_diffusers(built, name, mode, numerics):
     folder, latents, want = built(name)
     model = lt.load(folder, mode=mode, numerics=numerics)
-    assert model.entries == ["decode"]
+    assert sorted(model.entries) == sorted(ENTRIES)
     assert not isinstance(model, Decoder)  # a stateless `decode` is no text decoder
     tol = TOL if numerics == "equivalent" else FAST_TOL
     check(f"{name} {mode}/{numerics}", model.run("decode", latents), want, tol)
 
 
+@pytest.mark.parametrize(
+    "mode, numerics",
+    [("interpret", "equivalent"), ("generated", "equivalent"), ("generated", "fast")],
+)
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_jax_matches_diffusers(built, name):
+def test_encode_matches_diffusers(encoded, name, mode, numerics):
+    folder, pixels, wants = encoded(name)
+    model = lt.load(folder, mode=mode, numerics=numerics)
+    assert not isinstance(model, Decoder)  # a stateless `encode` is no seq2seq either
+    tol = TOL if numerics == "equivalent" else FAST_TOL
+    for entry, want in wants.items():
+        check(f"{name} {entry} {mode}/{numerics}", model.run(entry, pixels), want, tol)
+
+
+def test_logvar_is_clamped_as_diffusers_clamps(encoded, tmp_path):
+    """quant_conv's log-variance biases pushed to +40 and -50 on two channels: the clamp to
+    [-30, 20] decides those (unclamped, they miss by 20); the mean is untouched."""
+    from safetensors.torch import save_file
+
+    folder, pixels, _ = encoded("groups8")
+    tensors = _tensors(folder)
+    bias = tensors["quant_conv.bias"].clone()
+    bias[4], bias[5] = 40.0, -50.0  # moments 4.. are the log-variance
+    tensors["quant_conv.bias"] = bias
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    save_file(tensors, pushed / "diffusion_pytorch_model.safetensors", metadata={"format": "pt"})
+    (pushed / "config.json").write_text((folder / "config.json").read_text())
+    wants = reference_encode(pushed, pixels)
+    assert (
+        wants["encode_logvar"][:, 0].min() == 20.0 and wants["encode_logvar"][:, 1].max() == -30.0
+    )
+    model = lt.load(pushed)
+    for entry, want in wants.items():
+        check(f"pushed {entry}", model.run(entry, pixels), want, TOL)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_jax_matches_diffusers(built, encoded, name):
     import linnet.jax as lj
 
     folder, latents, want = built(name)
-    check(f"{name} jax", lj.load(folder).run("decode", latents.numpy()), want, TOL)
+    model = lj.load(folder)
+    check(f"{name} jax", model.run("decode", latents.numpy()), want, TOL)
+    _, pixels, wants = encoded(name)
+    for entry, want in wants.items():
+        check(f"{name} jax {entry}", model.run(entry, pixels.numpy()), want, TOL)
 
 
 @pytest.mark.parametrize("name", ["groups8", "bare"])
-def test_onnx_matches_diffusers(built, tmp_path, name):
+def test_onnx_matches_diffusers(built, encoded, tmp_path, name):
     import linnet.onnx
 
     folder, latents, want = built(name)
@@ -128,6 +203,12 @@ def test_onnx_matches_diffusers(built, tmp_path, name):
     check(f"{name} onnx", model.run("decode", latents.numpy()), want, TOL)
     other = torch.randn(1, 4, 2, 4)  # any latent size: the image is 8x it
     check(f"{name} onnx 2x4", model.run("decode", other.numpy()), reference(folder, other), TOL)
+    _, pixels, wants = encoded(name)
+    for entry, want in wants.items():
+        check(f"{name} onnx {entry}", model.run(entry, pixels.numpy()), want, TOL)
+    image = torch.randn(1, 3, 16, 32)  # any image size a multiple of 8
+    for entry, want in reference_encode(folder, image).items():
+        check(f"{name} onnx {entry} 16x32", model.run(entry, image.numpy()), want, TOL)
 
 
 def test_the_source_checks_clean():
@@ -141,12 +222,12 @@ def _tensors(path) -> dict:
 
 
 @pytest.mark.parametrize("name", ["groups8", "bare"])
-def test_hf_export_writes_the_diffusers_layout(built, tmp_path, name):
+def test_hf_export_writes_the_diffusers_layout(built, encoded, tmp_path, name):
     from diffusers import AutoencoderKL
 
     src, latents, want = built(name)
     original = _tensors(src)
-    decoder = {k for k in original if not k.startswith(("encoder.", "quant_conv."))}
+    _, pixels, wants = encoded(name)
     for how, what in (("path", src), ("model", lt.load(src))):
         out = linnet.hf.export(what, tmp_path / how, progress=False)
         assert sorted(p.name for p in out.iterdir()) == [
@@ -154,20 +235,17 @@ def test_hf_export_writes_the_diffusers_layout(built, tmp_path, name):
             "diffusion_pytorch_model.safetensors",
         ]
         got = _tensors(out)
-        assert set(got) == decoder  # the encoder is not part of the source
-        for k in decoder:
+        assert set(got) == set(original)  # every tensor, the encoder's too
+        for k in original:
             assert got[k].dtype == original[k].dtype and torch.equal(got[k], original[k]), k
         assert json.loads((out / "config.json").read_text()) == json.loads(
             (src / "config.json").read_text()
         )
+        reloaded = AutoencoderKL.from_pretrained(out, trust_remote_code=False).eval()
         with torch.no_grad():
-            image = (
-                AutoencoderKL.from_pretrained(out, trust_remote_code=False)
-                .eval()
-                .decode(latents)
-                .sample
-            )
-        assert torch.equal(image, want)
+            assert torch.equal(reloaded.decode(latents).sample, want)
+        for entry, tensor in reference_encode(reloaded, pixels).items():
+            assert torch.equal(tensor, wants[entry]), entry
 
 
 def test_config_round_trips_through_the_map(built):
@@ -182,20 +260,28 @@ def test_config_round_trips_through_the_map(built):
     assert config["channels"] == [64, 64, 64, 32, 32] and config["layers"] == 2
     written = wmap.config_to_hf(config)
     assert wmap.translate_config(written) == config
-    rebuilt = AutoencoderKL.from_config(written)  # diffusers builds the same decoder
-    assert {k: v.shape for k, v in rebuilt.decoder.state_dict().items()} == {
-        k[len("decoder.") :]: v.shape
-        for k, v in _tensors(folder).items()
-        if k.startswith("decoder.")
+    rebuilt = AutoencoderKL.from_config(written)  # diffusers builds the same model
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {
+        k: v.shape for k, v in _tensors(folder).items()
     }
+    bare = wmap.translate_config(json.loads((built("bare")[0] / "config.json").read_text()))
+    assert (bare["quant"], bare["post_quant"], bare["in_channels"]) == (False, False, 3)
+    assert wmap.translate_config(wmap.config_to_hf(bare)) == bare
 
 
-def test_a_misshapen_tensor_fails_at_the_plan(built, tmp_path):
+@pytest.mark.parametrize(
+    "name",
+    [
+        "decoder.up_blocks.1.resnets.0.conv1.weight",
+        "encoder.down_blocks.2.resnets.0.conv1.weight",
+        "encoder.down_blocks.0.downsamplers.0.conv.weight",
+    ],
+)
+def test_a_misshapen_tensor_fails_at_the_plan(built, tmp_path, name):
     from safetensors.torch import save_file
 
     src = built("groups8")[0]
     tensors = _tensors(src)
-    name = "decoder.up_blocks.1.resnets.0.conv1.weight"
     tensors[name] = tensors[name][:, :, :2].contiguous()
     bad = tmp_path / "bad"
     bad.mkdir()

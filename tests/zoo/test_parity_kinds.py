@@ -31,7 +31,7 @@ KINDS = {
     "whisper-tiny": ("speech", ["encode", "first", "greedy"]),
     "whisper-large-v3": ("speech", ["encode", "first", "greedy"]),
     "siglip-base-16-224": ("image-text", ["embed_image", "embed_text", "logits"]),
-    "sd-vae-ft-mse": ("image-decoder", ["decode"]),
+    "sd-vae-ft-mse": ("image-decoder", ["decode", "encode", "encode_logvar"]),
     "sdxl-base-unet": ("unet", ["forward"]),
     "sam-vit-base": (
         "segmenter",
@@ -80,7 +80,8 @@ PERTURBED = [
     ("whisper-large-v3", "dec.1.xq", ["first", "greedy"], ["encode"]),
     ("siglip-base-16-224", "text_blocks.1.w_fc", ["embed_text", "logits"], ["embed_image"]),
     ("siglip-base-16-224", "layers.1.w_fc", ["embed_image", "logits"], ["embed_text"]),
-    ("sd-vae-ft-mse", "up.1.rest.0.conv1_w", ["decode"], []),
+    ("sd-vae-ft-mse", "up.1.rest.0.conv1_w", ["decode"], ["encode", "encode_logvar"]),
+    ("sd-vae-ft-mse", "down.1.first.0.conv1_w", ["encode", "encode_logvar"], ["decode"]),
     ("sdxl-base-unet", "down.2.attn.1.blocks.1.k2", ["forward"], []),
     ("sdxl-base-unet", "add_w1", ["forward"], []),
     # SAM: the prompt side runs on transformers' image embeddings, so each half fails alone

@@ -86,7 +86,8 @@ def _pad(a, s, x):
 def _conv(a, s, x, w, b=None):
     args = [x, w] + ([] if b is None else [b])
     stride, padding = a.get("stride", 1), a.get("padding", 0)
-    return f"{s.helper('conv')}({', '.join(args)}, stride={stride}, padding={padding})"
+    more = "".join(f", {k}={a[k]}" for k in ("dilation", "groups") if a.get(k, 1) != 1)
+    return f"{s.helper('conv')}({', '.join(args)}, stride={stride}, padding={padding}{more})"
 
 
 def _conv_transpose(a, s, x, w, b=None):  # issue 15 (SAM): prelude conv_transpose
@@ -253,6 +254,10 @@ EMITTERS = {
         f"{s.helper('group_norm')}({', '.join(xs)}, {a['groups']}, {a['eps']!r})"
     ),
     "upsample_nearest": lambda a, s, x: f"upsample_nearest({x}, {a['scale']})",
+    "resize_bilinear": lambda a, s, x: (
+        f"resize_bilinear({x}, {s.dim(a['size'][0])}, {s.dim(a['size'][1])}, "
+        f"{bool(a.get('align_corners', False))})"
+    ),
     "moe": _moe,
     "timestep_embedding": lambda a, s, t: (
         f"timestep_embedding({t}, {a['dim']}, {a.get('flip', True)}, "

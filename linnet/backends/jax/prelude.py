@@ -179,16 +179,17 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks
     return out.reshape(b, h, s, d)
 
 
-def _conv(x, w, stride, padding, precision):
+def _conv(x, w, stride, padding, precision, dilation=1, groups=1):
     pads = ((padding, padding), (padding, padding))
     return lax.conv_general_dilated(
-        x, w, (stride, stride), pads, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        x, w, (stride, stride), pads, rhs_dilation=(dilation, dilation),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
         precision=precision,
     )  # fmt: skip
 
 
-def conv_ref(x, w, b=None, stride=1, padding=0):
-    y = _conv(x, w, stride, padding, HIGHEST)
+def conv_ref(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    y = _conv(x, w, stride, padding, HIGHEST, dilation, groups)
     return y if b is None else y + b[:, None, None]
 
 
@@ -237,6 +238,33 @@ def upsample_nearest(x, scale):
     return jnp.repeat(jnp.repeat(x, scale, axis=2), scale, axis=3)
 
 
+def _bilinear_table(n_in, n_out, align_corners):
+    """PyTorch's source rows and weights along one axis, in f32 (library_resize.py)."""
+    f32 = np.float32
+    dst = np.arange(n_out, dtype=f32)
+    if align_corners:
+        ratio = f32(n_in - 1) / f32(n_out - 1) if n_out > 1 else f32(0)
+        src = ratio * dst
+    else:
+        src = np.maximum(f32(n_in) / f32(n_out) * (dst + f32(0.5)) - f32(0.5), f32(0))
+    i0 = np.minimum(src.astype(np.int64), n_in - 1)
+    l1 = np.clip(src - i0.astype(f32), f32(0), f32(1)).astype(f32)
+    return i0, np.minimum(i0 + 1, n_in - 1), f32(1) - l1, l1
+
+
+def resize_bilinear(x, oh, ow, align_corners):
+    """F.interpolate(mode="bilinear", antialias=False): the width, then the height, in f32.
+    Not jax.image.resize, which antialiases when it shrinks (PyTorch's default does not)."""
+    y = x.astype(jnp.float32)
+    for axis, n_out in ((3, ow), (2, oh)):
+        i0, i1, l0, l1 = _bilinear_table(x.shape[axis], n_out, align_corners)
+        view = (-1,) + (1,) * (3 - axis)
+        y = jnp.take(y, i0, axis=axis) * l0.reshape(view) + jnp.take(y, i1, axis=axis) * l1.reshape(
+            view
+        )
+    return y.astype(x.dtype)
+
+
 def timestep_embedding(t, dim, flip, shift, max_period):
     """diffusers' get_timestep_embedding (linnet/ir/library_unet.py); [B, N] -> [B, N * dim]."""
     half = dim // 2  # the table as a constant, each step in f32 as diffusers takes it
@@ -266,8 +294,8 @@ def conv1d_fast(x, w, b=None, stride=1, padding=0):
     return y if b is None else y + b[:, None]
 
 
-def conv_fast(x, w, b=None, stride=1, padding=0):
-    y = _conv(x, w, stride, padding, None)
+def conv_fast(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    y = _conv(x, w, stride, padding, None, dilation, groups)
     return y if b is None else y + b[:, None, None]
 
 

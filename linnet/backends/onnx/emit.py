@@ -169,6 +169,14 @@ def _window(a, kernel=None) -> dict:
     return attrs
 
 
+def _conv_extra(a) -> dict:
+    """Conv's group and dilations, where the op has them."""
+    dilation, groups = a.get("dilation", 1), a.get("groups", 1)
+    return (
+        dict(dilations=[dilation, dilation], group=groups) if (dilation, groups) != (1, 1) else {}
+    )
+
+
 def _write_box(b, x, shape, starts, sizes, write):
     """x with `write(box)` replacing the box at `starts` of `sizes`: along each axis the
     box does not cover, the rows before and after it are kept and concatenated around."""
@@ -337,6 +345,15 @@ def _upsample_nearest(a, b, x):
                   coordinate_transformation_mode="asymmetric", nearest_mode="floor")  # fmt: skip
 
 
+def _resize_bilinear(a, b, x):
+    # half_pixel (not pytorch_half_pixel, which reads pixel 0 for a size of 1) clamped at
+    # the edges is PyTorch's align_corners=False; sizes for the two spatial axes only
+    mode = "align_corners" if a.get("align_corners", False) else "half_pixel"
+    sizes = b.dims(tuple(a["size"]))
+    return b.node("Resize", [x, "", "", sizes], mode="linear", axes=[2, 3],
+                  coordinate_transformation_mode=mode)  # fmt: skip
+
+
 UNARY = {
     "neg": "Neg",
     "exp": "Exp",
@@ -393,7 +410,7 @@ EMITTERS = {
     "softmax": _softmax,
     "silu": lambda a, b, x: b.node("Mul", [x, b.node("Sigmoid", [x])]),
     "gelu": lambda a, b, x: b.node("Gelu", [x], approximate=a.get("approx") or "none"),
-    "conv": lambda a, b, *xs: b.node("Conv", list(xs), **_window(a)),
+    "conv": lambda a, b, *xs: b.node("Conv", list(xs), **_window(a), **_conv_extra(a)),
     "conv1d": lambda a, b, *xs: b.node(
         "Conv", list(xs), strides=[a.get("stride", 1)], pads=[a.get("padding", 0)] * 2
     ),
@@ -402,6 +419,7 @@ EMITTERS = {
     "attention": _attention,
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
+    "resize_bilinear": _resize_bilinear,
     "moe": emit_moe.moe,
     "conv_transpose": lambda a, b, *xs: b.node("ConvTranspose", list(xs), **_window(a)),
 }

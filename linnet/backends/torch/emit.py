@@ -43,7 +43,11 @@ def _pad(a, s, x):
 
 
 def _conv(a, s, x, w, b=None):
-    return f"F.conv2d({x}, {w}, {b}, {a.get('stride', 1)}, {a.get('padding', 0)})"
+    args = f"{x}, {w}, {b}, {a.get('stride', 1)}, {a.get('padding', 0)}"
+    dilation, groups = a.get("dilation", 1), a.get("groups", 1)
+    if (dilation, groups) != (1, 1):  # only then, so plain convs' generated code is unchanged
+        args += f", {dilation}, {groups}"
+    return f"F.conv2d({args})"
 
 
 def _batch_norm(a, s, x, w, b, mean, var):
@@ -63,6 +67,12 @@ def _conv_transpose(a, s, x, w, b=None):  # issue 15 (SAM)
 def _upsample_nearest(a, s, x):
     # an integer scale: source pixel floor(i / scale), exactly the decomposition's repeat
     return f"F.interpolate({x}, scale_factor={float(a['scale'])!r}, mode='nearest')"
+
+
+def _resize_bilinear(a, s, x):
+    oh, ow = (s.dim(d) for d in a["size"])
+    corners = bool(a.get("align_corners", False))
+    return f"F.interpolate({x}, size=({oh}, {ow}), mode='bilinear', align_corners={corners})"
 
 
 def _const(a, s):
@@ -220,6 +230,7 @@ EMITTERS = {
     "group_norm": _group_norm,
     "upsample_nearest": _upsample_nearest,
     "conv_transpose": _conv_transpose,
+    "resize_bilinear": _resize_bilinear,
     "moe": _moe,
     "timestep_embedding": lambda a, s, t: (
         f"timestep_embedding({t}, {a['dim']}, {a.get('flip', True)}, "
