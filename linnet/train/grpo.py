@@ -91,7 +91,10 @@ class GrpoLoss:
 
     def sample(self, model, prompt: list[int]) -> torch.Tensor:
         """`group` completions [G, C] of one prompt, from the current adapted weights."""
-        decoder = model.sampler()
+        # a cache just long enough (in blocks of 256, so most prompts reuse the decoder):
+        # the model's full length meant zeroing hundreds of MB per rollout
+        needed = len(prompt) + self.settings.max_new_tokens
+        decoder = model.sampler(positions=-(-needed // 256) * 256)
         ids = torch.tensor([prompt] * self.settings.group)
         out = decoder.generate(
             ids,
