@@ -92,8 +92,6 @@ def _setup(o: dict, kind: str):
 def _model(path, spec, o: dict):
     """A LoraModel (PyTorch) or a JaxLoraModel (`--backend jax`)."""
     if o["backend"] == "jax":
-        if o["resume"]:
-            raise click.UsageError("--resume is not supported with --backend jax yet")
         from linnet.train.jax_train import JaxLoraModel
 
         return JaxLoraModel.load(path, spec, seed=o["seed"], remat=o["checkpoint_layers"])
