@@ -113,4 +113,5 @@ def grpo_trainer(model, tokenizer, rows, config: TrainConfig, reward, settings, 
     batches = [rows[i : i + config.batch_size] for i in range(0, len(rows), config.batch_size)]
     trainer = Trainer(model, loss, batches, config)
     trainer.rewards = loss.rewards
+    trainer.samples = loss.samples
     return trainer
