@@ -159,8 +159,6 @@ def grpo(**o) -> None:
     from linnet.train.grpo import GrpoSettings
     from linnet.train.trainers import grpo_trainer
 
-    if o["backend"] == "jax":
-        raise click.UsageError("GRPO runs on --backend torch only (JAX: SFT and DPO)")
     model, tokenizer, rows, _, config = _setup(o, "grpo")
     if any("answer" not in r for r in rows):
         raise LinnetError(f"{o['data']}: every GRPO row needs an 'answer' for the reward")

@@ -113,6 +113,7 @@ class JaxLoraModel(LoraCheckpoint):
         self.dtype = next(iter(base.values())).dtype
         self.frozen = {n: jnp.asarray(base[n]) for n in self.base_program.graphs["forward"].params}
         self.adapters = {n: jnp.asarray(_numpy(initial[n], self.dtype)) for n in self.adapter_names}
+        self.numerics = numerics
         self._forward = jax_forward(self.program, numerics, remat)
         self._base_forward = jax.jit(jax_forward(self.base_program, numerics))
 
