@@ -400,20 +400,25 @@ def plot(runs: dict, path: Path) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return "skipped: matplotlib is not installed"
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5))
+    styles = {"linnet-torch": "o-", "linnet-jax": "s--", "trl": "x:"}  # equal curves overlap
     for ax, (kind, cells) in zip(axes if len(runs) > 1 else [axes], runs.items()):
         for method, cell in cells.items():
             if "losses" in cell:
-                ax.plot(range(1, len(cell["losses"]) + 1), cell["losses"], label=method, marker=".")
+                steps = range(1, len(cell["losses"]) + 1)
+                ax.plot(steps, cell["losses"], styles.get(method, ".-"), label=method, alpha=0.8)
         ax.set_title(f"LoRA {kind.upper()} on SmolLM2-135M")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return str(path)
+    matplotlib.rcParams["svg.hashsalt"] = "linnet"  # the same record draws the same file
+    fig.savefig(path, format=path.suffix.lstrip(".") or "svg", metadata={"Date": None})
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def main() -> None:
@@ -422,7 +427,10 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(KINDS))
     ap.add_argument("--methods", default="linnet-torch,linnet-jax,trl")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "training.json")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "training-loss.png")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "training-loss.svg")
+    ap.add_argument(
+        "--plot-only", action="store_true", help="only redraw --plot from the record at --out"
+    )
     ap.add_argument("--threads", type=int, help="PyTorch threads in every run")
     ap.add_argument(
         "--grpo-run",
@@ -435,6 +443,11 @@ def main() -> None:
     if a.worker:
         kind, method, ckpt, initial, out = a.worker
         return worker(kind, method, Path(ckpt), Path(initial), Path(out))
+    if a.plot_only:
+        record = json.loads(a.out.read_text())
+        record["plot"] = plot(record["runs"], a.plot)
+        a.out.write_text(json.dumps(record, indent=2) + "\n")
+        return print(f"drew {record['plot']}")
     from tests.checkpoints import build_smollm2
 
     checkpoint = build_smollm2()
