@@ -436,7 +436,7 @@ def main() -> None:
         "--grpo-run",
         type=int,
         metavar="STEPS",
-        help="only the GRPO reward run (bench/results/training_grpo_run.json)",
+        help="only the GRPO reward run (bench/results/training/grpo_run.json)",
     )
     a = ap.parse_args()
     set_threads(a.threads)
@@ -452,7 +452,8 @@ def main() -> None:
 
     checkpoint = build_smollm2()
     if a.grpo_run:
-        out = ROOT / "bench" / "results" / "training_grpo_run.json"
+        # a folder of its own: the site reads every bench/results/*.json as a suite it knows
+        out = ROOT / "bench" / "results" / "training" / "grpo_run.json"
         record = write_grpo_run(out, checkpoint, a.grpo_run)
         print(f"wrote {out}: rewards {record['rewards']}")
         return
