@@ -195,6 +195,117 @@ def worker(kind: str, method: str, checkpoint: Path, initial: Path, out: Path) -
     (out / "result.json").write_text(json.dumps(result))
 
 
+# -- the GRPO reward run: does the mean reward rise? --------------------------------------
+
+GRPO_RUN = dict(
+    steps=20, group=8, max_new_tokens=8, temperature=1.0, lr=1e-3, prompts_per_step=1,
+    beta=0.0, digits=1, r=8, alpha=16, seed=0, eval_prompts=8,
+)  # fmt: skip
+
+
+def reward_rate(model, tok, rows, eos, settings, seed: int) -> float:
+    """Mean exact-answer reward of `group` samples per row (no training), seeded."""
+    import torch
+
+    from linnet.train.grpo import GrpoLoss
+
+    sampler = GrpoLoss(tok, None, settings, eos)
+    sampler.generator.manual_seed(seed)
+    scores = []
+    for row in rows:
+        prompt = _prompt_ids(tok, row)
+        with torch.no_grad():
+            texts = tok.batch_decode(sampler.sample(model, prompt), skip_special_tokens=True)
+        scores += [_reward(t, row) for t in texts]
+    return sum(scores) / len(scores)
+
+
+def _prompt_ids(tok, row):
+    from linnet.train.tokens import chat_ids
+
+    return chat_ids(tok, row["prompt"], generation_prompt=True)
+
+
+def _reward(text, row):
+    from linnet.train.datasets import exact_answer_reward
+
+    return exact_answer_reward(text, row["answer"])
+
+
+def grpo_reward_run(checkpoint: Path, steps: int) -> dict:
+    """Linnet's PyTorch GRPO on SmolLM2, one prompt's group per step: each step's mean
+    reward, loss and time, and the reward rate of held-out prompts before and after."""
+    from linnet.commands.run import eos_ids
+    from linnet.parity import load_tokenizer
+    from linnet.train.adapted import LoraModel
+    from linnet.train.datasets import multiplication_prompts
+    from linnet.train.grpo import GrpoSettings
+    from linnet.train.loop import TrainConfig
+    from linnet.train.lora import LoraSpec
+    from linnet.train.trainers import grpo_trainer
+
+    g = GRPO_RUN
+    tok = load_tokenizer(checkpoint)
+    eos = eos_ids(checkpoint, tok)
+    spec = LoraSpec(LINNET_TARGETS, r=g["r"], alpha=g["alpha"])
+    model = LoraModel.load(checkpoint, spec, seed=g["seed"])
+    settings = GrpoSettings(g["group"], g["max_new_tokens"], g["temperature"], g["beta"])
+    rows = multiplication_prompts(steps * g["prompts_per_step"], g["seed"], digits=g["digits"])
+    held = multiplication_prompts(g["eval_prompts"], g["seed"] + 1000, digits=g["digits"])
+    before = reward_rate(model, tok, held, eos, settings, seed=1)
+    config = TrainConfig(steps=steps, lr=g["lr"], batch_size=g["prompts_per_step"])
+    trainer = grpo_trainer(model, tok, rows, config, _reward, settings, eos)
+    times: list[float] = []
+    trainer.step = timed(trainer.step, times)
+    losses = trainer.run()
+    after = reward_rate(model, tok, held, eos, settings, seed=1)
+    return {"losses": losses, "rewards": trainer.rewards, "step_times": times,
+            "heldout_reward_before": before, "heldout_reward_after": after,
+            "samples": [texts[:4] for texts in trainer.samples]}  # fmt: skip
+
+
+def write_grpo_run(out: Path, checkpoint: Path, steps: int) -> dict:
+    before = machine()
+    run = grpo_reward_run(checkpoint, steps)
+    half = len(run["rewards"]) // 2
+    record = {
+        "suite": "training-grpo-run", "model": "smollm2",
+        "checkpoint": "smollm2-135m-instruct-f32", **provenance(),
+        "machine": before, "machine_after": machine(),
+        "threads": _threads(), "settings": {**GRPO_RUN, "steps": steps},
+        "method": "Linnet's PyTorch GRPO (LoRA on q and v, PEFT's init), one prompt's group "
+        "per step; rewards: the exact-answer reward (the completion's first number); "
+        "held-out: the mean reward of `group` samples on each of `eval_prompts` other "
+        "prompts, the same sampling seed before and after training",
+        **run,
+        "first_half_mean_reward": statistics.mean(run["rewards"][:half]),
+        "second_half_mean_reward": statistics.mean(run["rewards"][half:]),
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def set_threads(count: int | None) -> None:
+    """The same PyTorch thread count for every run (children read it from the
+    environment): on shared cores two threads that wait on each other at every op ran
+    up to 8 times slower than one."""
+    import os
+
+    if count:
+        os.environ["LINNET_BENCH_THREADS"] = str(count)
+    if os.environ.get("LINNET_BENCH_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["LINNET_BENCH_THREADS"]))
+
+
 # -- the parent: runs, one evaluator, the record ------------------------------------------
 
 
@@ -289,20 +400,25 @@ def plot(runs: dict, path: Path) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return "skipped: matplotlib is not installed"
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5))
+    styles = {"linnet-torch": "o-", "linnet-jax": "s--", "trl": "x:"}  # equal curves overlap
     for ax, (kind, cells) in zip(axes if len(runs) > 1 else [axes], runs.items()):
         for method, cell in cells.items():
             if "losses" in cell:
-                ax.plot(range(1, len(cell["losses"]) + 1), cell["losses"], label=method, marker=".")
+                steps = range(1, len(cell["losses"]) + 1)
+                ax.plot(steps, cell["losses"], styles.get(method, ".-"), label=method, alpha=0.8)
         ax.set_title(f"LoRA {kind.upper()} on SmolLM2-135M")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return str(path)
+    matplotlib.rcParams["svg.hashsalt"] = "linnet"  # the same record draws the same file
+    fig.savefig(path, format=path.suffix.lstrip(".") or "svg", metadata={"Date": None})
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def main() -> None:
@@ -311,14 +427,36 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(KINDS))
     ap.add_argument("--methods", default="linnet-torch,linnet-jax,trl")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "training.json")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "training-loss.png")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "training-loss.svg")
+    ap.add_argument(
+        "--plot-only", action="store_true", help="only redraw --plot from the record at --out"
+    )
+    ap.add_argument("--threads", type=int, help="PyTorch threads in every run")
+    ap.add_argument(
+        "--grpo-run",
+        type=int,
+        metavar="STEPS",
+        help="only the GRPO reward run (bench/results/training/grpo_run.json)",
+    )
     a = ap.parse_args()
+    set_threads(a.threads)
     if a.worker:
         kind, method, ckpt, initial, out = a.worker
         return worker(kind, method, Path(ckpt), Path(initial), Path(out))
+    if a.plot_only:
+        record = json.loads(a.out.read_text())
+        record["plot"] = plot(record["runs"], a.plot)
+        a.out.write_text(json.dumps(record, indent=2) + "\n")
+        return print(f"drew {record['plot']}")
     from tests.checkpoints import build_smollm2
 
     checkpoint = build_smollm2()
+    if a.grpo_run:
+        # a folder of its own: the site reads every bench/results/*.json as a suite it knows
+        out = ROOT / "bench" / "results" / "training" / "grpo_run.json"
+        record = write_grpo_run(out, checkpoint, a.grpo_run)
+        print(f"wrote {out}: rewards {record['rewards']}")
+        return
     kinds = [k for k in a.only.split(",") if k]
     methods = [m for m in a.methods.split(",") if m]
     before = machine()
@@ -344,6 +482,7 @@ def write_record(out: Path, before: dict, runs: dict) -> dict:
         "machine_after": machine(),
         "versions": versions(["torch", "jax", "optax", "trl", "peft", "transformers"]),
         "settings": SETTINGS,
+        "threads": _threads(),
         "method": "one process per run; step time: median wall time of the steps after the "
         "first; tokens/s: positions of Linnet's batch (padding included) per steady step; "
         "held-out loss: Linnet's PyTorch loss of each saved adapter on the held-out rows",

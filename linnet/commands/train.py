@@ -92,8 +92,6 @@ def _setup(o: dict, kind: str):
 def _model(path, spec, o: dict):
     """A LoraModel (PyTorch) or a JaxLoraModel (`--backend jax`)."""
     if o["backend"] == "jax":
-        if o["resume"]:
-            raise click.UsageError("--resume is not supported with --backend jax yet")
         from linnet.train.jax_train import JaxLoraModel
 
         return JaxLoraModel.load(path, spec, seed=o["seed"], remat=o["checkpoint_layers"])
@@ -161,8 +159,6 @@ def grpo(**o) -> None:
     from linnet.train.grpo import GrpoSettings
     from linnet.train.trainers import grpo_trainer
 
-    if o["backend"] == "jax":
-        raise click.UsageError("GRPO runs on --backend torch only (JAX: SFT and DPO)")
     model, tokenizer, rows, _, config = _setup(o, "grpo")
     if any("answer" not in r for r in rows):
         raise LinnetError(f"{o['data']}: every GRPO row needs an 'answer' for the reward")

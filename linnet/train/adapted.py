@@ -42,6 +42,7 @@ class LoraModel(LoraCheckpoint):
             checkpointed=checkpoint_layers,  # each layer recomputed in the backward
         )
         self._reference = None
+        self._sampler = None  # the rollout decoder, kept across steps
 
     @property
     def dtype(self):
@@ -74,12 +75,33 @@ class LoraModel(LoraCheckpoint):
     def merged_params(self) -> dict[str, torch.Tensor]:
         return merge_lora(self.base, self.adapters(), self.targets, self.spec.scale)
 
-    def sampler(self):
-        """A decoder over the merged weights as they are now, for rollouts (GRPO)."""
+    def merged_targets(self) -> dict[str, torch.Tensor]:
+        """Only the adapted weights, merged (the rest are the base's)."""
+        merged = merge_lora(self.base, self.adapters(), self.targets, self.spec.scale)
+        return {t: merged[t] for t in self.targets}
+
+    def sampler(self, positions: int | None = None):
+        """A decoder over the merged weights as they are now, for rollouts (GRPO), whose
+        cache holds `positions` tokens (default: the model's). Built once (and again only
+        for longer rows): later calls copy the merged targets into its weights in place,
+        since building a generated decoder per step cost more than the rollout itself."""
+        positions = min(positions or self.max_positions, self.max_positions)
+        held = self._sampler
+        if held is not None and held.max_positions >= positions:
+            with torch.no_grad():
+                for name, value in self.merged_targets().items():
+                    held.params[name].copy_(value)  # views of the decoder's fused weights
+            return held
         from linnet.runtime import TorchModel
 
         ck = self.checkpoint
-        return TorchModel(ck.source, ck.config, self.merged_params(), mode="generated")
+        config = {**ck.config, "max_positions": positions}
+        self._sampler = TorchModel(ck.source, config, self.merged_params(), mode="generated")
+        return self._sampler
+
+    @property
+    def max_positions(self) -> int:
+        return self.checkpoint.config["max_positions"]
 
     def export_merged(self, out_dir, *, overwrite=False, **kwargs) -> Path:
         """The merged weights as an HF checkpoint (config and tokenizer of the base)."""

@@ -88,10 +88,14 @@ class GrpoLoss:
     eos: list[int]
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     rewards: list = field(default_factory=list)  # mean reward per step
+    samples: list = field(default_factory=list)  # each step's completion texts
 
     def sample(self, model, prompt: list[int]) -> torch.Tensor:
         """`group` completions [G, C] of one prompt, from the current adapted weights."""
-        decoder = model.sampler()
+        # a cache just long enough (in blocks of 256, so most prompts reuse the decoder):
+        # the model's full length meant zeroing hundreds of MB per rollout
+        needed = len(prompt) + self.settings.max_new_tokens
+        decoder = model.sampler(positions=-(-needed // 256) * 256)
         ids = torch.tensor([prompt] * self.settings.group)
         out = decoder.generate(
             ids,
@@ -112,7 +116,7 @@ class GrpoLoss:
         )
 
     def __call__(self, model, rows):
-        total, count, scores = 0.0, 0, []
+        total, count, scores, texts_seen = 0.0, 0, [], []
         for row in rows:
             prompt = chat_ids(self.tokenizer, row["prompt"], generation_prompt=True)
             with torch.no_grad():
@@ -120,7 +124,9 @@ class GrpoLoss:
             texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
             rewards = torch.tensor([float(self.reward(t, row)) for t in texts])
             scores += rewards.tolist()
+            texts_seen += texts
             summed, tokens = self.group_loss(model, prompt, completion, rewards)
             total, count = total + summed, count + tokens
         self.rewards.append(sum(scores) / len(scores))
+        self.samples.append(texts_seen)
         return total / max(int(count), 1)

@@ -113,6 +113,7 @@ class JaxLoraModel(LoraCheckpoint):
         self.dtype = next(iter(base.values())).dtype
         self.frozen = {n: jnp.asarray(base[n]) for n in self.base_program.graphs["forward"].params}
         self.adapters = {n: jnp.asarray(_numpy(initial[n], self.dtype)) for n in self.adapter_names}
+        self.numerics = numerics
         self._forward = jax_forward(self.program, numerics, remat)
         self._base_forward = jax.jit(jax_forward(self.base_program, numerics))
 
@@ -238,10 +239,14 @@ class JaxTrainer:
         return sum(values) / len(values)
 
     def run(self, resume: bool = False) -> list[float]:
-        if resume:
-            raise LinnetError("resume is not supported on the JAX backend yet")
+        """Steps up to `config.steps`; checkpoints as PyTorch's trainer writes them
+        (`save_every`, and at the end with an `out`); `resume`: from the latest one."""
+        from linnet.train import jax_checkpoint
+
         cfg = self.config
-        bar = _progress(cfg)
+        if resume:
+            jax_checkpoint.resume_checkpoint(self)
+        bar = _progress(cfg, len(self.losses))
         while len(self.losses) < cfg.steps:
             done = len(self.losses)
             self.losses.append(self.step(self.batches[done % len(self.batches)]))
@@ -250,14 +255,18 @@ class JaxTrainer:
             if bar is not None:
                 bar.set_postfix(loss=f"{self.losses[-1]:.4f}")
                 bar.update(1)
+            if cfg.out is not None and cfg.save_every and (done + 1) % cfg.save_every == 0:
+                jax_checkpoint.save_checkpoint(self, done + 1)
         if bar is not None:
             bar.close()
+        if cfg.out is not None and not jax_checkpoint.saved(cfg.out, len(self.losses)):
+            jax_checkpoint.save_checkpoint(self, len(self.losses))
         return self.losses
 
 
-def _progress(config: TrainConfig):
+def _progress(config: TrainConfig, start: int):
     if not config.progress:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=config.steps, desc="train (jax)", unit="step")
+    return tqdm(total=config.steps, initial=start, desc="train (jax)", unit="step")

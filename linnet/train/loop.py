@@ -143,11 +143,12 @@ class Trainer:
         self.losses, self.evals = list(state["losses"]), [tuple(e) for e in state["evals"]]
 
 
-def latest_checkpoint(out) -> Path | None:
+def latest_checkpoint(out, state_file: str = STATE_FILE) -> Path | None:
+    """The checkpoint of the latest step in `out` that holds `state_file`."""
     if out is None or not Path(out).is_dir():
         return None
     found = [(int(m.group(1)), p) for p in Path(out).iterdir() if (m := _CKPT.fullmatch(p.name))]
-    found = [(s, p) for s, p in found if (p / STATE_FILE).is_file()]
+    found = [(s, p) for s, p in found if (p / state_file).is_file()]
     return max(found)[1] if found else None
 
 

@@ -107,10 +107,15 @@ def dpo_trainer(model, tokenizer, rows, config: TrainConfig, *, beta=0.1, eval_r
 
 def grpo_trainer(model, tokenizer, rows, config: TrainConfig, reward, settings, eos) -> Trainer:
     """A batch is `config.batch_size` prompts; each is sampled `settings.group` times."""
+    if getattr(model, "backend", "torch") == "jax":
+        from linnet.train.jax_grpo import JaxGrpoTrainer
+
+        return JaxGrpoTrainer(model, tokenizer, rows, config, reward, settings, eos)
     from linnet.train.grpo import GrpoLoss
 
     loss = GrpoLoss(tokenizer, reward, settings, eos)
     batches = [rows[i : i + config.batch_size] for i in range(0, len(rows), config.batch_size)]
     trainer = Trainer(model, loss, batches, config)
     trainer.rewards = loss.rewards
+    trainer.samples = loss.samples
     return trainer

@@ -109,3 +109,29 @@ def test_grpo_trainer_samples_and_scores(chat_model):
     assert len(losses) == 2 and len(trainer.rewards) == 2
     assert all(r == 5.0 for r in trainer.rewards)  # no eos: every completion has 5 words
     assert all(abs(x) < 1e-3 for x in losses)  # equal rewards: zero advantages
+
+
+def test_sampler_decodes_with_the_current_adapters(chat_model):
+    """The rollout decoder is built once and follows the adapters as they train: its decode
+    logits equal the adapted training forward's after the adapters change in place."""
+    model = LoraModel.load(chat_model, LoraSpec(("layers.*.wq", "layers.*.wv"), r=4, alpha=8.0))
+    ids = torch.randint(2, 256, (3, 9), generator=torch.Generator().manual_seed(1))
+    first = model.sampler(positions=16)
+    gen = torch.Generator().manual_seed(2)
+    for _step in range(2):  # as an optimizer step would: the leaves change in place
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        decoder = model.sampler(positions=16)
+        assert decoder is first  # reused, not rebuilt
+        decoder.reset()
+        got = decoder.decode(ids, 0)
+        with torch.no_grad():
+            want = model(ids)[:, -1]
+        scale = want.abs().max().item()
+        assert not (want - model.reference(ids)[:, -1]).abs().max() <= 1e-3 * scale
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale)
+    longer = model.sampler(positions=64)  # a longer cache: a new decoder, same weights
+    assert longer is not first and longer.max_positions == 64
+    longer.reset()
+    torch.testing.assert_close(longer.decode(ids, 0), want, rtol=0, atol=1e-5 * scale)

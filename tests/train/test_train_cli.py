@@ -119,12 +119,14 @@ def test_resume_continues_as_one_run(chat_model, tmp_path):
         torch.testing.assert_close(again[name], tensor, rtol=1e-5, atol=1e-7)
 
 
-def test_grpo_command_runs_on_generated_multiplications(chat_model, tmp_path):
+@pytest.mark.parametrize("backend,trainer", [("torch", "Trainer"), ("jax", "JaxGrpoTrainer")])
+def test_grpo_command_runs_on_generated_multiplications(chat_model, tmp_path, backend, trainer):
     data = tmp_path / "grpo.jsonl"
     assert invoke("train", "data", "grpo", data, "--count", 4).exit_code == 0
     args = ["--data", data, "--steps", 2, "--group", 2, "--max-new-tokens", 3, "--quiet"]
-    result = invoke("train", "grpo", chat_model, *args)
+    result = invoke("train", "grpo", chat_model, *args, "--backend", backend)
     assert result.exit_code == 0, result.output
+    assert f"trained by {trainer} on {backend}" in result.output
     assert "mean reward: first step 0.000" in result.output  # random weights never multiply
 
 
