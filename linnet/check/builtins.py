@@ -473,7 +473,5 @@ def _const_axis(axis: Poly) -> int:
     return axis.value
 
 
-from linnet.check import (
-    builtins_image,  # noqa: E402, F401  (registers the image builtins)
-    builtins_sam,  # noqa: E402, F401  (SAM, issue 15)
-)
+# the image builtins (issue 15: VAE encoder, SAM) register themselves on import
+from linnet.check import builtins_image, builtins_sam  # noqa: E402, F401
