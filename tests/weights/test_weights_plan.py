@@ -223,7 +223,7 @@ def test_every_weights_map_is_one_architecture_transformers_ships():
     sources = {"GPT2": "gpt2", "Bert": "bert", "Robe": "bert", "ViTM": "vit", "ViTF": "vit"}
     sources |= {"Dino": "vit", "Sigl": "vit", "Mode": "modernbert", "ResN": "resnet"}
     sources |= {"Auto": "sd_vae", "SiglipModel": "siglip", "GptO": "gpt_oss", "Whis": "whisper"}
-    sources |= {"UNet": "unet"}
+    sources |= {"UNet": "unet", "SamModel": "sam"}
     for arch in archs:
         m = find_weights_map(arch)
         assert m.architecture == arch
