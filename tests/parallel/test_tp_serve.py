@@ -203,3 +203,62 @@ def test_serve_tensor_parallel_without_torchrun_says_how_to_launch(served_folder
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode != 0
     assert "torchrun --nproc-per-node 2 -m linnet serve" in done.stderr, done.stderr
+
+
+class _Rows:
+    """Rows that record what ran on them (a stand-in for rank 0's RowDecoder)."""
+
+    rows, positions = 3, 16
+
+    def __init__(self):
+        self.ran = []
+
+    def prefill_together(self, rows, prompts):  # a method MirroredRows has never heard of
+        self.ran.append(("prefill_together", rows, prompts))
+        return "logits"
+
+    def free(self, row):
+        from linnet.errors import LinnetError
+
+        if row > 2:
+            raise LinnetError(f"row {row} is out of range")
+        self.ran.append(("free", row))
+
+    def length(self, row):
+        return 0
+
+
+def test_mirrored_rows_send_every_call_by_name_before_running_it(monkeypatch):
+    from linnet.errors import LinnetError
+    from linnet.shard import tp_rows
+
+    sent, inner = [], _Rows()
+    monkeypatch.setattr(tp_rows, "send_call", lambda group, call: sent.append((call, inner.ran[:])))
+    failures = []
+    rows = tp_rows.MirroredRows(inner, group=None, on_failure=failures.append)
+    assert rows.prefill_together([0, 2], [[5, 6], [7]]) == "logits"
+    assert sent == [(("prefill_together", ([0, 2], [[5, 6], [7]]), {}), [])]  # sent first
+    assert rows.length(1) == 0 and len(sent) == 1  # reads stay local
+    with pytest.raises(LinnetError):  # refused alike on every rank: not a failure
+        rows.free(7)
+    assert not failures and rows.failed is None
+    rows.stop()
+    assert sent[-1][0][0] == tp_rows.STOP
+
+
+def test_mirrored_rows_fail_for_good_when_a_broadcast_fails(monkeypatch):
+    from linnet.shard import tp_rows
+
+    def gone(group, call):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(tp_rows, "send_call", gone)
+    failures, inner = [], _Rows()
+    rows = tp_rows.MirroredRows(inner, group=None, on_failure=failures.append)
+    with pytest.raises(tp_rows.TensorParallelError, match="a rank stopped answering"):
+        rows.free(0)
+    assert len(failures) == 1 and inner.ran == []
+    with pytest.raises(tp_rows.TensorParallelError, match="a rank stopped answering"):
+        rows.free(1)  # every later call fails at once, nothing is sent
+    assert len(failures) == 1
+    rows.stop()  # nobody listens: no stop is sent
