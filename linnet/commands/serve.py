@@ -40,14 +40,27 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
 @click.option("--name", default=None, help="the model's name in requests [default: NAME_OR_PATH]")
 @_CHECKPOINT
 @_REVISION
+@click.option(
+    "--tensor-parallel",
+    type=click.IntRange(1),
+    default=None,
+    help="split the model over N torchrun ranks: rank 0 serves, the others follow",
+)
 def serve(
-    target, rows, positions, max_queue, dtype, backend, mode, host, port, name, checkpoint, revision
-) -> None:
+    target, rows, positions, max_queue, dtype, backend, mode, host, port, name, checkpoint,
+    revision, tensor_parallel,
+) -> None:  # fmt: skip
     """Serve a model over the OpenAI API (completions, chat, streaming) until SIGTERM."""
     import linnet.serve
 
     if mode is not None and backend != "torch":
         raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
+    if tensor_parallel is not None:
+        options = dict(rows=rows, positions=positions, max_queue=max_queue, dtype=dtype,
+                       backend=backend, mode=mode, host=host, port=port, name=name,
+                       checkpoint=checkpoint, revision=revision)  # fmt: skip
+        _serve_tensor_parallel(target, tensor_parallel, options)
+        return
     try:
         server = linnet.serve.server(
             target,
@@ -71,5 +84,24 @@ def serve(
     try:
         server.run()
     except RuntimeError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)
+
+
+def _serve_tensor_parallel(target: str, world: int, options: dict) -> None:
+    """Under torchrun: rank 0 serves, the other ranks follow (docs/parallel.md)."""
+    from linnet.shard.layout import ShardingError
+    from linnet.shard.tp_rows import TensorParallelError, serve_tensor_parallel
+
+    if options["backend"] != "torch":
+        raise click.UsageError("--tensor-parallel runs on --backend torch (under torchrun)")
+    try:
+        serve_tensor_parallel(target, tensor_parallel=world, log_level="info", **options)
+    except ShardingError as err:
+        raise click.UsageError(str(err)) from None
+    except OSError as err:
+        click.echo(f"error: cannot listen: {err.strerror or err}", err=True)
+        sys.exit(1)
+    except (TensorParallelError, RuntimeError) as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)

@@ -65,10 +65,12 @@ def open_engine(
     checkpoint=None,
     revision: str | None = None,
     name: str | None = None,
+    tensor_parallel: int | None = None,
 ) -> Engine:
     """Locate `target` (a zoo name, an HF repo id, a folder or a .gguf), check the checkpoint,
     load its tokenizer and the model (as `linnet run` does), and give it `rows` cache rows of
-    `positions` tokens (default: the model's cache, its context capped at 4096)."""
+    `positions` tokens (default: the model's cache, its context capped at 4096).
+    `tensor_parallel`: this torchrun rank's share (linnet/shard/tp_rows.py mirrors the rows)."""
     from linnet.commands.run import eos_ids
     from linnet.commands.session import load_model
     from linnet.parity import load_tokenizer
@@ -82,8 +84,9 @@ def open_engine(
     # tokens needs a cache of positions + 1
     cache = None if positions is None else positions + 1
     model, _ = load_model(
-        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache
-    )
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
+        tensor_parallel=tensor_parallel,
+    )  # fmt: skip
     return Engine(
         rows=row_decoder(model, rows, positions),
         tokenizer=tokenizer,
