@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp")
+SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "mxfp4_gemv.cpp")  # mxfp4: GPT-OSS experts
 FLAGS = ("-O3", "-march=native")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 
