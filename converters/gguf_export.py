@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_mxfp4 import mxfp4_bytes
+from linnet.converters.gguf_mxfp4 import check_gpt_oss_rope, mxfp4_bytes
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 from linnet.converters.gguf_types import (
     GGUF_DTYPES,
@@ -228,6 +228,7 @@ def export_gguf(
     dtype = normalize_dtype(dtype, GGUF_DTYPES)
     out_path = Path(out_path)
     spec = weights_map.gguf
+    check_gpt_oss_rope(spec.arch, weights.config)
     items = plan_items(weights, dtype)
 
     writer = bulk_writer()(path=None, arch=spec.arch)

@@ -13,8 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from linnet.errors import CheckpointError
+from linnet.errors import CheckpointError, ConfigError
 from linnet.weights import mxfp4
+
+
+def check_gpt_oss_rope(arch: str, config: dict) -> None:
+    """llama.cpp's gpt-oss takes `rope.scaling.factor` as a frequency scale whatever the
+    scaling type says (absent, it reads "linear"): a GPT-OSS config with plain rope has no
+    GGUF form that llama.cpp would run as transformers does, so its export is refused."""
+    if arch == "gpt-oss" and config.get("rope_scaling") != "yarn":
+        raise ConfigError(
+            f"rope_scaling = {config.get('rope_scaling')!r}: llama.cpp's gpt-oss would read "
+            "rope.scaling.factor as linear scaling; only YaRN GPT-OSS configs export to GGUF"
+        )
 
 
 def _mapped(info) -> np.ndarray:
