@@ -49,3 +49,16 @@ def mxfp4_bytes(pair, shape: tuple[int, ...], fused=None, part: int | None = Non
             tensor=blocks_info.name,
         )
     return mxfp4.to_ggml(blocks, scales)
+
+
+def gguf_mxfp4_bytes(tensor, shape: tuple[int, ...], part: int | None = None) -> np.ndarray:
+    """The ggml bytes of a GGUF file's MXFP4 tensor (part `part` of a fused one) as the
+    file holds them: a GGUF re-export writes them unchanged, never re-quantized."""
+    source = tensor if part is None else tensor.parts[part]
+    stored = tuple(int(d) for d in reversed(source.shape.tolist()))
+    if stored != tuple(shape):
+        raise CheckpointError(
+            f"MXFP4 tensor {source.name} is {list(stored)}, the GGUF tensor {list(shape)}",
+            tensor=source.name,
+        )
+    return np.asarray(source.data, np.uint8).reshape(-1)

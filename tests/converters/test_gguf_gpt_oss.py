@@ -21,6 +21,7 @@ transformers.
 from __future__ import annotations
 
 import json
+import shutil
 
 import gguf
 import numpy as np
@@ -223,3 +224,32 @@ def test_typed_exports_keep_mxfp4_experts_and_the_first_token(folders, tmp_path,
     got = _llama_logits(path, ids)[-1]
     print(f"gpt-oss/mxfp4 {dtype}: llama.cpp last-position max |Δ| {(got - want).abs().max():.3g}")
     assert int(got.argmax()) == int(want.argmax())
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_gguf_reexport_copies_the_mxfp4_bytes(folders, tmp_path, dtype):
+    """GGUF -> GGUF: the experts' MXFP4 bytes are written as the file holds them, even a
+    block that re-quantizing would store differently (zero codes at scale 2^3)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "odd"
+    shutil.copytree(folders["mxfp4"], folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.experts.down_proj"
+    tensors[name + "_blocks"][2, 5, 0] = 0
+    tensors[name + "_scales"][2, 5, 0] = 130
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    first = linnet.gguf.export(folder, tmp_path / "first.gguf", dtype="f32", progress=False)
+    again = linnet.gguf.export(first, tmp_path / "again.gguf", dtype=dtype, progress=False)
+    before, after = _gguf_tensors(first), _gguf_tensors(again)
+    assert sorted(before) == sorted(after)
+    experts = [n for n, t in before.items() if t.tensor_type == gguf.GGMLQuantizationType.MXFP4]
+    assert len(experts) == 3 * GPT_OSS["n_layers"]
+    for n in experts:
+        assert after[n].tensor_type == before[n].tensor_type, n
+        assert np.array_equal(np.asarray(after[n].data), np.asarray(before[n].data)), n
+    blocks, scales = mxfp4.from_ggml(np.asarray(before["blk.1.ffn_down_exps.weight"].data), 32)
+    assert scales.reshape(4, 64, 1)[2, 5, 0] == 130  # the odd block is there, kept
+    requantized = mxfp4.quantize(mxfp4.dequantize(tensors[name + "_blocks"],
+                                                  tensors[name + "_scales"]))  # fmt: skip
+    assert not np.array_equal(requantized[1], tensors[name + "_scales"])
