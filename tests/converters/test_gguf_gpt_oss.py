@@ -34,7 +34,7 @@ import linnet.torch as lt
 from linnet.weights import mxfp4
 from tests.converters.test_export_hf import assert_bit_exact
 from tests.numeric import assert_close
-from tests.tiny_decoders import load_reference, probe_ids, reference_logits
+from tests.tiny_decoders import load_reference, probe_ids, reference_greedy, reference_logits
 from tests.tiny_gpt_oss import GPT_OSS, VARIANTS, build_gpt_oss, to_mxfp4
 from tests.weights.test_mxfp4 import hf_dequantize
 
@@ -253,3 +253,25 @@ def test_gguf_reexport_copies_the_mxfp4_bytes(folders, tmp_path, dtype):
     requantized = mxfp4.quantize(mxfp4.dequantize(tensors[name + "_blocks"],
                                                   tensors[name + "_scales"]))  # fmt: skip
     assert not np.array_equal(requantized[1], tensors[name + "_scales"])
+
+
+@pytest.mark.parametrize("backend", ["jax", "onnx"])
+@pytest.mark.parametrize("name", ["spread", "mxfp4"])
+def test_jax_and_onnx_run_the_gguf_as_transformers(folders, ggufs, tmp_path, backend, name):
+    """A GPT-OSS GGUF (f32; MXFP4 experts) on JAX and ONNX Runtime: transformers' logits on
+    the HF folder within 1e-4 and its greedy tokens."""
+    import linnet.jax
+    import linnet.onnx
+
+    path = ggufs[name]
+    if backend == "jax":
+        model = linnet.jax.load(path, dtype="f32")
+    else:
+        model = linnet.onnx.load(linnet.onnx.export(path, tmp_path / "onnx", progress=False))
+    probe = probe_ids(256)
+    want = reference_logits(folders[name], probe)
+    got = torch.from_numpy(np.array(model.forward(probe.numpy())))
+    assert_close(got, want, atol=1e-4, what=f"{backend} logits of {name}.gguf")
+    ids = probe_ids(256, (1, 12), seed=3)
+    greedy = reference_greedy(folders[name], ids, 8)
+    assert np.asarray(model.generate(ids.numpy(), 8)).tolist() == greedy.tolist()
