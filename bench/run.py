@@ -201,7 +201,7 @@ def worker_llamacpp(ckpt: str, dtype: str, args) -> dict:
     if not gguf.exists():
         return {"skipped": f"no GGUF export at {gguf} (linnet export gguf failed or missing)"}
     llm = llama_cpp.Llama(
-        str(gguf), n_ctx=1024, n_threads=os.cpu_count(), n_batch=512, verbose=False
+        str(gguf), n_ctx=1024, n_threads=args.threads or os.cpu_count(), n_batch=512, verbose=False
     )
     vocab = llm.n_vocab()
     out = {}
@@ -231,6 +231,10 @@ def worker_llamacpp(ckpt: str, dtype: str, args) -> dict:
 
 def run_worker(args) -> None:
     method = args.worker
+    if args.threads:  # every method at the same count (llama.cpp: n_threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
     if method.startswith("linnet/"):
         _, mode, numerics = method.split("/")
         result = worker_linnet(args.checkpoint, args.dtype, mode, numerics, args)
@@ -339,6 +343,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--threads", type=int, help="threads of every method (default: own)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.new = 1, 32
@@ -356,6 +361,7 @@ def start_report(args, ckpt: str, dtypes: list[str], methods: list[str], gbs: fl
         "bandwidth_gb_s": gbs,
         "prompt": args.prompt,
         "new_tokens": args.new,
+        "threads": args.threads,
         "results": {},
     }
     if args.merge and args.out.exists():  # keep the other rows of an earlier run
@@ -420,6 +426,8 @@ def measure(method: str, ckpt: str, dtype: str, gguf_dir: Path, args) -> dict:
         "--prompt": str(args.prompt),
         "--new": str(args.new),
     }
+    if args.threads:
+        options["--threads"] = str(args.threads)
     cmd = [sys.executable, __file__] + [part for pair in options.items() for part in pair]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():

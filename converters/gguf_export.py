@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from linnet.converters.gguf_mxfp4 import mxfp4_bytes
+from linnet.converters.gguf_mxfp4 import check_gpt_oss_rope, gguf_mxfp4_bytes, mxfp4_bytes
 from linnet.converters.gguf_tokenizer import add_tokenizer, copy_tokenizer
 from linnet.converters.gguf_types import (
     GGUF_DTYPES,
@@ -132,7 +132,7 @@ def _group_items(weights: Weights, g: TensorGroup) -> list[Item]:
         )
     spec = weights_map.gguf
     shape = spec.shape_for(name, g.joined_shape)
-    kind = "mxfp4" if g.hf_name in weights.packed else ""
+    kind = "mxfp4" if g.hf_name in weights.packed or g.hf_name in weights.gguf_mxfp4 else ""
     fused = spec.fused_for(name)
     if fused is None:
         return [Item(name, shape, kind, group=g)]
@@ -144,6 +144,7 @@ def _group_items(weights: Weights, g: TensorGroup) -> list[Item]:
 def plan_items(weights: Weights, dtype: str) -> list[Item]:
     weights_map = weights.weights_map
     spec = weights_map.gguf
+    check_gpt_oss_rope(spec.arch, weights.config)
     items = [it for g in weights.groups for it in _group_items(weights, g)]
     layout = Layout.of([it.name for it in items])
     for it in items:
@@ -164,6 +165,9 @@ def tensor_source(weights: Weights, it: Item, cache: dict):
     if it.data is not None:
         return it.data
     g = it.group
+    if it.kind == "mxfp4" and g.hf_name in weights.gguf_mxfp4:
+        part = None if it.fused is None else it.part
+        return gguf_mxfp4_bytes(weights.gguf_mxfp4[g.hf_name], it.shape, part)
     if it.kind == "mxfp4":
         return mxfp4_bytes(weights.packed[g.hf_name], it.shape, it.fused, it.part)
     spec = weights.weights_map.gguf

@@ -13,8 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from linnet.errors import CheckpointError
+from linnet.errors import CheckpointError, ConfigError
 from linnet.weights import mxfp4
+
+
+def check_gpt_oss_rope(arch: str, config: dict) -> None:
+    """llama.cpp's gpt-oss takes `rope.scaling.factor` as a frequency scale whatever the
+    scaling type says (absent, it reads "linear"): a GPT-OSS config with plain rope has no
+    GGUF form that llama.cpp would run as transformers does, so its export is refused."""
+    if arch == "gpt-oss" and config.get("rope_scaling") != "yarn":
+        raise ConfigError(
+            f"rope_scaling = {config.get('rope_scaling')!r}: llama.cpp's gpt-oss would read "
+            "rope.scaling.factor as linear scaling; only YaRN GPT-OSS configs export to GGUF"
+        )
 
 
 def _mapped(info) -> np.ndarray:
@@ -38,3 +49,16 @@ def mxfp4_bytes(pair, shape: tuple[int, ...], fused=None, part: int | None = Non
             tensor=blocks_info.name,
         )
     return mxfp4.to_ggml(blocks, scales)
+
+
+def gguf_mxfp4_bytes(tensor, shape: tuple[int, ...], part: int | None = None) -> np.ndarray:
+    """The ggml bytes of a GGUF file's MXFP4 tensor (part `part` of a fused one) as the
+    file holds them: a GGUF re-export writes them unchanged, never re-quantized."""
+    source = tensor if part is None else tensor.parts[part]
+    stored = tuple(int(d) for d in reversed(source.shape.tolist()))
+    if stored != tuple(shape):
+        raise CheckpointError(
+            f"MXFP4 tensor {source.name} is {list(stored)}, the GGUF tensor {list(shape)}",
+            tensor=source.name,
+        )
+    return np.asarray(source.data, np.uint8).reshape(-1)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from linnet.backends.torch.interp import TORCH_DTYPES
+from linnet.backends.torch.mxfp4_experts import Mxfp4Experts
 from linnet.backends.torch.quantized import allow_int8_activations
 from linnet.quantize import packed_dtype, quantize_params, to_packed_weight
 from linnet.runtime import TorchModel
@@ -68,7 +69,8 @@ def load(
         dtype = "f32"
     ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions, packed=bool(quant))
     source, config, hf_config = ck.source, ck.config, ck.hf_config
-    params = ck.torch_params(device, packed=to_packed_weight)
+    # MXFP4 experts (GPT-OSS) stay packed: the moe op reads the chosen ones' blocks
+    params = ck.torch_params(device, packed=to_packed_weight, mxfp4=Mxfp4Experts.build)
     if quant is not None and not is_gguf(path):
         params = quantize_params(params, quant)
     allow_int8_activations(params, numerics)

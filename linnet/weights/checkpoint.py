@@ -46,16 +46,19 @@ class OpenCheckpoint:
             out[name] = np.ascontiguousarray(x, dtype=target)
         return out
 
-    def torch_params(self, device="cpu", packed: Callable | None = None) -> dict[str, Any]:
+    def torch_params(
+        self, device="cpu", packed: Callable | None = None, mxfp4: Callable | None = None
+    ) -> dict[str, Any]:
         """Every param as a torch tensor of the config's dtype on `device`; a GGUF file
-        opened `packed=True` gives its packed matrices to `packed(arrays, dtype, device)`."""
+        opened `packed=True` gives its packed matrices to `packed(arrays, dtype, device)`,
+        a folder its MXFP4 pairs to `mxfp4(blocks, scales, dtype)` (Plan.load)."""
         import torch
 
         from linnet.weights.gguf_packed import PackedArrays
 
         torch_dtype = getattr(torch, DTYPES[self.config["act"]].torch)
         if self.torch_stream is not None:
-            return {n: t.to(device) for n, t in self.torch_stream(torch_dtype)}
+            return {n: t.to(device) for n, t in self.torch_stream(torch_dtype, mxfp4)}
         from linnet.weights.casting import to_torch
 
         def convert(x):

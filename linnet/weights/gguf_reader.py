@@ -59,6 +59,7 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False)
         reader=read,
         gguf_metadata=ck.fields,
         origin=str(ck.path),
+        gguf_mxfp4={g.hf: g.key for g in groups if g.key.tensor_type.name == "MXFP4"},
     )
 
 

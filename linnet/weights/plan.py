@@ -68,9 +68,11 @@ class Plan:
             raise CheckpointError(msg, tensor=first.tensor, file=str(self.checkpoint.folder))
         return self
 
-    def load(self, torch_dtype: Any = None) -> Iterator[tuple[str, Any]]:
+    def load(self, torch_dtype: Any = None, mxfp4: Any = None) -> Iterator[tuple[str, Any]]:
         """Stream (param name, torch.Tensor) pairs, one HF tensor at a time: read it,
-        transform, cast to `torch_dtype` (default: the plan's dtype), yield its params."""
+        transform, cast to `torch_dtype` (default: the plan's dtype), yield its params.
+        mxfp4: an MXFP4 pair that is one param as stored goes to `mxfp4(blocks, scales,
+        torch_dtype)` undecoded (the PyTorch backend keeps it packed)."""
         import torch
 
         self.check()
@@ -80,6 +82,11 @@ class Plan:
             torch_dtype = getattr(torch, DTYPE_NAMES.get(torch_dtype, torch_dtype))
         for row in self.rows:
             if not row.loads:
+                continue
+            pair = self.checkpoint.packed.get(row.hf)
+            if mxfp4 is not None and pair and not row.transform and len(row.params) == 1:
+                blocks, scales = (self.checkpoint.read(n) for n in pair)
+                yield row.params[0], mxfp4(blocks, scales, torch_dtype)
                 continue
             x = self.checkpoint.read(row.hf)
             parts = row.rule.forward(x, row.sizes)

@@ -70,6 +70,9 @@ class Weights:
     # HF name -> the (blocks, scales) TensorInfo of an MXFP4 pair as stored (from a folder:
     # never changed, so an HF export copies them; the groups read them dequantized)
     packed: dict = field(default_factory=dict)
+    # HF name -> a GGUF file's MXFP4 tensor (a FusedTensor for gate + up): a GGUF export
+    # copies its ggml bytes as they are
+    gguf_mxfp4: dict = field(default_factory=dict)
 
     def read(self, group: TensorGroup) -> list[np.ndarray]:
         """The group's params in the source's layout (numpy; bf16 as uint16 bits)."""

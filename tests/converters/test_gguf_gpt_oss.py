@@ -21,6 +21,7 @@ transformers.
 from __future__ import annotations
 
 import json
+import shutil
 
 import gguf
 import numpy as np
@@ -33,7 +34,7 @@ import linnet.torch as lt
 from linnet.weights import mxfp4
 from tests.converters.test_export_hf import assert_bit_exact
 from tests.numeric import assert_close
-from tests.tiny_decoders import load_reference, probe_ids, reference_logits
+from tests.tiny_decoders import load_reference, probe_ids, reference_greedy, reference_logits
 from tests.tiny_gpt_oss import GPT_OSS, VARIANTS, build_gpt_oss, to_mxfp4
 from tests.weights.test_mxfp4 import hf_dequantize
 
@@ -171,14 +172,28 @@ def test_metadata_is_what_llama_cpp_reads(folders, ggufs):
 
 @pytest.mark.parametrize("name", ["untruncated", "mxfp4"])
 def test_linnet_reads_its_gguf_as_the_hf_folder(folders, ggufs, name):
+    """The GGUF loads the folder's params bit for bit (its MXFP4 experts dequantized), so
+    the logits equal the folder's loaded dequantized exactly; `linnet.torch.load` of the
+    folder keeps them packed (another summation order): within 1e-4."""
     src, path = folders[name], ggufs[name]
-    original, back = lt.load(src, dtype="f32"), linnet.gguf.load(path)
+    original, back = _load_dequantized(src), linnet.gguf.load(path)
     assert back.config == original.config
     assert sorted(back.params) == sorted(original.params)
     for p, t in original.params.items():
         assert torch.equal(back.params[p], t), p
     ids = probe_ids(256)
-    assert_close(back.forward(ids), original.forward(ids), atol=0, what=f"{name} logits")
+    want = original.forward(ids)
+    assert_close(back.forward(ids), want, atol=0, what=f"{name} logits")
+    assert_close(lt.load(src, dtype="f32").forward(ids), want, atol=1e-4, what="packed")
+
+
+def _load_dequantized(folder):
+    """A folder with every param dense (MXFP4 pairs dequantized at load)."""
+    from linnet.runtime import TorchModel
+    from linnet.weights.checkpoint import open_checkpoint
+
+    ck = open_checkpoint(folder, dtype="f32")
+    return TorchModel(ck.source, ck.config, ck.torch_params(), hf_config=ck.hf_config)
 
 
 def test_gguf_to_hf_is_the_original_folder(folders, ggufs, tmp_path):
@@ -209,3 +224,54 @@ def test_typed_exports_keep_mxfp4_experts_and_the_first_token(folders, tmp_path,
     got = _llama_logits(path, ids)[-1]
     print(f"gpt-oss/mxfp4 {dtype}: llama.cpp last-position max |Δ| {(got - want).abs().max():.3g}")
     assert int(got.argmax()) == int(want.argmax())
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_gguf_reexport_copies_the_mxfp4_bytes(folders, tmp_path, dtype):
+    """GGUF -> GGUF: the experts' MXFP4 bytes are written as the file holds them, even a
+    block that re-quantizing would store differently (zero codes at scale 2^3)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "odd"
+    shutil.copytree(folders["mxfp4"], folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.experts.down_proj"
+    tensors[name + "_blocks"][2, 5, 0] = 0
+    tensors[name + "_scales"][2, 5, 0] = 130
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    first = linnet.gguf.export(folder, tmp_path / "first.gguf", dtype="f32", progress=False)
+    again = linnet.gguf.export(first, tmp_path / "again.gguf", dtype=dtype, progress=False)
+    before, after = _gguf_tensors(first), _gguf_tensors(again)
+    assert sorted(before) == sorted(after)
+    experts = [n for n, t in before.items() if t.tensor_type == gguf.GGMLQuantizationType.MXFP4]
+    assert len(experts) == 3 * GPT_OSS["n_layers"]
+    for n in experts:
+        assert after[n].tensor_type == before[n].tensor_type, n
+        assert np.array_equal(np.asarray(after[n].data), np.asarray(before[n].data)), n
+    blocks, scales = mxfp4.from_ggml(np.asarray(before["blk.1.ffn_down_exps.weight"].data), 32)
+    assert scales.reshape(4, 64, 1)[2, 5, 0] == 130  # the odd block is there, kept
+    requantized = mxfp4.quantize(mxfp4.dequantize(tensors[name + "_blocks"],
+                                                  tensors[name + "_scales"]))  # fmt: skip
+    assert not np.array_equal(requantized[1], tensors[name + "_scales"])
+
+
+@pytest.mark.parametrize("backend", ["jax", "onnx"])
+@pytest.mark.parametrize("name", ["spread", "mxfp4"])
+def test_jax_and_onnx_run_the_gguf_as_transformers(folders, ggufs, tmp_path, backend, name):
+    """A GPT-OSS GGUF (f32; MXFP4 experts) on JAX and ONNX Runtime: transformers' logits on
+    the HF folder within 1e-4 and its greedy tokens."""
+    import linnet.jax
+    import linnet.onnx
+
+    path = ggufs[name]
+    if backend == "jax":
+        model = linnet.jax.load(path, dtype="f32")
+    else:
+        model = linnet.onnx.load(linnet.onnx.export(path, tmp_path / "onnx", progress=False))
+    probe = probe_ids(256)
+    want = reference_logits(folders[name], probe)
+    got = torch.from_numpy(np.array(model.forward(probe.numpy())))
+    assert_close(got, want, atol=1e-4, what=f"{backend} logits of {name}.gguf")
+    ids = probe_ids(256, (1, 12), seed=3)
+    greedy = reference_greedy(folders[name], ids, 8)
+    assert np.asarray(model.generate(ids.numpy(), 8)).tolist() == greedy.tolist()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "packed_vnni.cpp")
+SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "packed_vnni.cpp", "mxfp4_gemv.cpp")
 FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused

@@ -1,0 +1,150 @@
+// MXFP4 linears for small batches (a decode step's chosen experts): one pass over the packed
+// blocks, both cores (at::parallel_for over tiles of output rows).
+//
+//   y[b, r] = sum_k x[b, k] * w[r, k],   w[r, 32 g + i] = table[scale[r, g]][code i of block g]
+//
+// Layout as GPT-OSS checkpoints store it (linnet/weights/mxfp4.py): blocks uint8
+// (rows, groups, 16), byte j holding code 2j in its low nibble and code 2j + 1 in its high
+// one; scales uint8 (rows, groups), e8m0. `table` (256, 16) f32 holds every scale byte's
+// 16 values E2M1[c] * 2^(s - 127) exactly as the reference dequantizer gives them (made by
+// the caller with numpy's ldexp, so the subnormal scales and the infinities of 255 agree),
+// so each weight is the reference's bit for bit; products and sums are f32, in another
+// order. x is split once per call into its even and odd elements of each block, so a
+// block's low nibbles meet the even x and its high nibbles the odd.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define LINNET_MXFP4_AVX512 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int kRowsPerTile = 4;
+
+struct Mxfp4Problem {
+  const float* xs;  // (batch, groups, 32): each block's even elements, then its odd
+  const uint8_t* blocks;
+  const uint8_t* scales;
+  const float* table;
+  float* y;  // (batch, rows)
+  int64_t batch, rows, groups;
+};
+
+#if LINNET_MXFP4_AVX512
+// Rows r0..r0+R of y for x rows b0..b0+B.
+template <int R, int B>
+void mxfp4_tile(const Mxfp4Problem& p, int64_t r0, int64_t b0) {
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(15);
+  for (int64_t g = 0; g < p.groups; ++g) {
+    __m512 x_even[B], x_odd[B];
+    for (int b = 0; b < B; ++b) {
+      const float* xb = p.xs + ((b0 + b) * p.groups + g) * kBlock;
+      x_even[b] = _mm512_loadu_ps(xb);
+      x_odd[b] = _mm512_loadu_ps(xb + 16);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * p.groups + g;
+      const __m512 values = _mm512_loadu_ps(p.table + 16 * int64_t(p.scales[at]));
+      __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p.blocks + at * 16)));
+      __m512 w_even = _mm512_permutexvar_ps(_mm512_and_si512(c, low), values);
+      __m512 w_odd = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), values);
+      for (int b = 0; b < B; ++b)
+        acc[r][b] = _mm512_fmadd_ps(w_odd, x_odd[b], _mm512_fmadd_ps(w_even, x_even[b], acc[r][b]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = _mm512_reduce_add_ps(acc[r][b]);
+}
+#else
+template <int R, int B>
+void mxfp4_tile(const Mxfp4Problem& p, int64_t r0, int64_t b0) {
+  float acc[R][B][16] = {};
+  for (int64_t g = 0; g < p.groups; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * p.groups + g;
+      const float* values = p.table + 16 * int64_t(p.scales[at]);
+      const uint8_t* codes = p.blocks + at * 16;
+      for (int b = 0; b < B; ++b) {
+        const float* xb = p.xs + ((b0 + b) * p.groups + g) * kBlock;
+        for (int j = 0; j < 16; ++j) {
+          acc[r][b][j] = __builtin_fmaf(values[codes[j] & 15], xb[j], acc[r][b][j]);
+          acc[r][b][j] = __builtin_fmaf(values[codes[j] >> 4], xb[16 + j], acc[r][b][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      float s = 0;
+      for (int j = 0; j < 16; ++j) s += acc[r][b][j];
+      p.y[(b0 + b) * p.rows + r0 + r] = s;
+    }
+}
+#endif
+
+template <int R>
+void mxfp4_rows(const Mxfp4Problem& p, int64_t r0) {
+  int64_t b0 = 0;
+  for (; b0 + 4 <= p.batch; b0 += 4) mxfp4_tile<R, 4>(p, r0, b0);
+  switch (p.batch - b0) {
+    case 3: mxfp4_tile<R, 3>(p, r0, b0); break;
+    case 2: mxfp4_tile<R, 2>(p, r0, b0); break;
+    case 1: mxfp4_tile<R, 1>(p, r0, b0); break;
+    default: break;
+  }
+}
+
+// x (batch, groups * 32) -> (batch, groups, 32): each block's even elements, then its odd.
+std::vector<float> split_even_odd(const float* x, int64_t batch, int64_t groups) {
+  std::vector<float> out(batch * groups * kBlock);
+  for (int64_t bg = 0; bg < batch * groups; ++bg)
+    for (int64_t j = 0; j < 16; ++j) {
+      out[bg * kBlock + j] = x[bg * kBlock + 2 * j];
+      out[bg * kBlock + 16 + j] = x[bg * kBlock + 2 * j + 1];
+    }
+  return out;
+}
+
+at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& scales,
+                        const at::Tensor& table) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  TORCH_CHECK(blocks.dim() == 3 && blocks.size(2) == 16 && blocks.is_contiguous() &&
+                  blocks.scalar_type() == at::kByte, "blocks (rows, groups, 16) uint8");
+  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kByte &&
+                  scales.size(0) == blocks.size(0) && scales.size(1) == blocks.size(1), "scales");
+  TORCH_CHECK(table.scalar_type() == at::kFloat && table.is_contiguous() && table.numel() == 256 * 16,
+              "table (256, 16) f32");
+  const int64_t rows = blocks.size(0), groups = blocks.size(1);
+  TORCH_CHECK(x.size(1) == groups * kBlock, "x has ", x.size(1), " columns, the blocks ", groups * kBlock);
+  at::Tensor y = at::empty({x.size(0), rows}, x.options());
+  std::vector<float> xs = split_even_odd(x.data_ptr<float>(), x.size(0), groups);
+  Mxfp4Problem p{xs.data(), blocks.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
+                 table.data_ptr<float>(), y.data_ptr<float>(), x.size(0), rows, groups};
+  const int64_t tiles = rows / kRowsPerTile;
+  // a tile reads kRowsPerTile rows of 17 bytes a block; keep parallel chunks at 64 KB or more
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRowsPerTile * groups * 17));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) mxfp4_rows<kRowsPerTile>(p, t * kRowsPerTile);
+  });
+  for (int64_t r = tiles * kRowsPerTile; r < rows; ++r) mxfp4_rows<1>(p, r);
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
+  m.def("mxfp4_linear(Tensor x, Tensor blocks, Tensor scales, Tensor table) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("mxfp4_linear", mxfp4_linear); }

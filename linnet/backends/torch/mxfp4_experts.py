@@ -1,0 +1,197 @@
+"""GPT-OSS's expert weights kept as MXFP4 blocks at run time (issue 16).
+
+    w = Mxfp4Experts.build(blocks, scales, dtype=torch.float32)  # [E, K, R], x @ w[e]
+    x @ w[e]            # one expert: Linnet's C++ kernel (mxfp4_gemv.cpp) or the fallback
+    w.dequantize()      # the reference: every weight E2M1[code] * 2^(scale - 127), in f32
+
+An `Mxfp4Experts` is a tensor subclass with the logical shape and dtype of the dense experts
+(`[..., G * 32, R]`, the layout transformers' GPT-OSS experts use) holding the checkpoint's
+`_blocks` (uint8 `[..., R, G, 16]`, two e2m1 codes a byte, low nibble first) and `_scales`
+(uint8 `[..., R, G]`, e8m0): 4.25 bits a weight instead of 32. `__torch_function__` answers
+what the `moe` op's PyTorch code asks of it: an integer index or an `index_select` of experts
+stays packed, and `x @ w[e]` runs `mxfp4_linear`; anything else sees the dequantized tensor
+(correct, not fast).
+
+A batch of up to KERNEL_MAX_ROWS rows on the CPU runs the C++ kernel (each weight looked up
+in `VALUES`, the reference's values bit for bit, multiplied by x in f32 and summed in f32);
+larger batches, other devices and machines without the kernels (`LINNET_KERNELS=0`)
+dequantize that one expert and multiply (the chosen experts only, never all of them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from linnet.backends.torch import kernels
+
+KERNEL_MAX_ROWS = 64  # tokens on one expert above this: dequantize it and let MKL multiply
+BLOCK = 32
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+# VALUES[s, c]: code c's value at scale byte s, as the reference's ldexp rounds it (scale
+# 0 is subnormal, 255 gives +-inf and 0 for the zero codes)
+with np.errstate(over="ignore"):
+    VALUES = np.ldexp(np.concatenate([_E2M1, -_E2M1])[None, :], np.arange(256)[:, None] - 127)
+VALUES = VALUES.astype(np.float32)
+_tables: dict = {}  # device -> VALUES as a tensor
+
+
+def values_table(device) -> torch.Tensor:
+    key = str(device)
+    if key not in _tables:
+        _tables[key] = torch.from_numpy(VALUES.copy()).to(device)
+    return _tables[key]
+
+
+class Mxfp4Experts(torch.Tensor):
+    """MXFP4 weights in their packed form; see the module docstring."""
+
+    @staticmethod
+    def __new__(cls, blocks, scales, dtype):
+        *lead, rows, groups, _ = blocks.shape
+        shape = (*lead, groups * BLOCK, rows)
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
+
+    def __init__(self, blocks, scales, dtype):
+        self.blocks, self.scales = blocks, scales
+
+    @classmethod
+    def build(cls, blocks: torch.Tensor, scales: torch.Tensor, dtype=torch.float32):
+        """blocks uint8 [..., R, G, 16] and scales uint8 [..., R, G], as a checkpoint stores
+        them; builds (or loads) the kernels now, not during the first decode step."""
+        if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise TypeError("MXFP4 blocks and scales are uint8")
+        if blocks.dim() < 3 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+            raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)}, scales {tuple(scales.shape)}")
+        if blocks.device.type == "cpu":
+            kernels.load()
+        return cls(blocks.contiguous(), scales.contiguous(), dtype)
+
+    def _with(self, blocks, scales, dtype=None):
+        return Mxfp4Experts(blocks, scales, dtype or self.dtype)
+
+    def __repr__(self):
+        return f"Mxfp4Experts(shape={tuple(self.shape)}, {self.dtype})"
+
+    @property
+    def nbytes_packed(self) -> int:
+        return self.blocks.numel() + self.scales.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weights [..., G * 32, R] in f32, exactly the reference's values."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return _dequantize(self.blocks, self.scales)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        with torch._C.DisableTorchFunctionSubclass():
+            if handler is not None:
+                found = handler(*args, **kwargs)
+                if found is not NotImplemented:
+                    return found
+            return func(*args, **kwargs)  # metadata, or __torch_dispatch__ below
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        """An op without a packed form sees the dequantized weights."""
+        return func(*_plain(args), **_plain(kwargs or {}))
+
+
+def _dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    table = values_table(blocks.device)[scales.long()]  # (..., R, G, 16): this block's values
+    even = torch.gather(table, -1, (blocks & 15).long())
+    odd = torch.gather(table, -1, (blocks >> 4).long())
+    rows = torch.stack([even, odd], dim=-1).reshape(*scales.shape[:-1], -1)  # (..., R, K)
+    return rows.transpose(-1, -2)
+
+
+def mxfp4_matmul(x: torch.Tensor, w: Mxfp4Experts) -> torch.Tensor:
+    """x [..., K] @ w [K, R] (one expert) with f32 sums, in x's dtype."""
+    with torch._C.DisableTorchFunctionSubclass():
+        rows = x.numel() // x.shape[-1]
+        x2 = x.reshape(rows, x.shape[-1]).float().contiguous()
+        ops = _kernel_ops(rows, x2.device, w)
+        if ops is not None:
+            y = ops.mxfp4_linear(x2, w.blocks, w.scales, values_table(x2.device))
+        else:
+            y = x2 @ _dequantize(w.blocks, w.scales)
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _kernel_ops(rows: int, device, w: Mxfp4Experts):
+    if rows > KERNEL_MAX_ROWS or device.type != "cpu" or w.blocks.device.type != "cpu":
+        return None
+    return kernels.load()
+
+
+def _plain(value):
+    if isinstance(value, Mxfp4Experts):
+        return value.dequantize().to(value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _getitem(w, index):
+    """Experts by integer or slice on the leading axes stay packed."""
+    parts = index if isinstance(index, tuple) else (index,)
+    lead = w.dim() - 2
+    if len(parts) > lead or not all(isinstance(p, (int, slice)) for p in parts):
+        return NotImplemented
+    if any(isinstance(p, slice) and p.step not in (None, 1) for p in parts):
+        return NotImplemented
+    return w._with(w.blocks[index], w.scales[index])
+
+
+def _index_select(w, dim, index):
+    if not isinstance(w, Mxfp4Experts) or dim % w.dim() >= w.dim() - 2:
+        return NotImplemented
+    return w._with(w.blocks.index_select(dim, index), w.scales.index_select(dim, index))
+
+
+def _matmul(x, w):
+    if isinstance(x, Mxfp4Experts) or not isinstance(w, Mxfp4Experts) or w.dim() != 2:
+        return NotImplemented
+    return mxfp4_matmul(x, w)
+
+
+def _to(w, *args, **kwargs):
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device)):
+            device = torch.device(a)
+    if dtype is not None and not dtype.is_floating_point:
+        return NotImplemented
+    if device is None:
+        return w._with(w.blocks, w.scales, dtype)
+    return w._with(w.blocks.to(device), w.scales.to(device), dtype)
+
+
+def _same(w, *args, **kwargs):
+    return w
+
+
+def _numpy(w, *args, **kwargs):
+    return w.dequantize().to(w.dtype).numpy()
+
+
+_HANDLERS = {
+    torch.Tensor.__getitem__: _getitem,
+    torch.index_select: _index_select,
+    torch.Tensor.index_select: _index_select,
+    torch.matmul: _matmul,
+    torch.Tensor.matmul: _matmul,
+    torch.Tensor.__matmul__: _matmul,
+    torch.Tensor.to: _to,
+    torch.Tensor.cpu: lambda w: _to(w, "cpu"),
+    torch.Tensor.detach: _same,
+    torch.Tensor.contiguous: _same,
+    torch.Tensor.requires_grad_: _same,
+    torch.Tensor.numpy: _numpy,
+}
