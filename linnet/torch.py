@@ -64,6 +64,11 @@ def load(
             path, tensor_parallel, dtype=dtype, device=device, numerics=numerics,
             max_positions=max_positions, mode=mode,
         )  # fmt: skip
+    return _load_whole(path, dtype, device, numerics, max_positions, mode)
+
+
+def _load_whole(path, dtype, device, numerics: str, max_positions, mode: str) -> TorchModel:
+    """The whole model on one device (packed dtypes and MXFP4 experts kept packed)."""
     quant = packed_dtype(dtype)
     if quant is not None:
         dtype = "f32"
