@@ -118,3 +118,29 @@ def test_command_line_prints_segments(stamped, tmp_path):
     want = hf_segments(folder, hf, samples, language="de")
     lines = [f"[{a:.2f} -> {b:.2f}] {' '.join(map(str, t))}" for a, b, t in want]
     assert done.stdout.splitlines() == lines
+
+
+def test_long_form_windows_are_slices_of_the_whole_audios_features(stamped, monkeypatch):
+    """Each window the encoder gets is transformers' long-form features (the whole audio at
+    once: one log floor for all) from some frame on, zero-padded: a quiet first second and a
+    loud rest make per-window features differ from them."""
+    from transformers import WhisperFeatureExtractor
+
+    folder, _, model = stamped
+    samples = audio(2.5, 7)
+    samples[:RATE] *= 1e-3
+    seen, encode = [], model.encode
+    monkeypatch.setattr(model, "encode", lambda f: (seen.append(np.array(f[0])), encode(f))[1])
+    transcribe(model, samples, timestamps=True, language="de")
+    extractor = WhisperFeatureExtractor.from_pretrained(folder, trust_remote_code=False)
+    whole = extractor(samples, sampling_rate=RATE, truncation=False, padding="longest",
+                      return_tensors="np").input_features[0]  # fmt: skip
+    total, width = whole.shape[-1], seen[0].shape[-1]
+
+    def matches(window, s):
+        n = min(total - s, width)
+        return np.array_equal(window[:, :n], whole[:, s : s + n]) and not window[:, n:].any()
+
+    assert len(seen) >= 2 and matches(seen[0], 0)
+    for window in seen[1:]:
+        assert any(matches(window, s) for s in range(2, total, 2))
