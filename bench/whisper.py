@@ -44,6 +44,9 @@ TINY = dict(
     decoder_start_token_id=50258, bos_token_id=50257, eos_token_id=50257, pad_token_id=50257,
     begin_suppress_tokens=[220, 50257],
 )  # fmt: skip
+# --quick: the same vocabulary, special ids and 30 s window on a narrow, shallow model.
+QUICK = dict(TINY, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+             decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128)  # fmt: skip
 EOT, SOT, FIRST_LANG, TRANSLATE, NO_TIMESTAMPS = 50257, 50258, 50259, 50358, 50363
 LANGS = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar"]
 # A few of whisper-tiny's suppress_tokens (punctuation-like ids, the special tokens' block).
@@ -79,7 +82,7 @@ def save_tokenizer(folder: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(folder)
 
 
-def build_checkpoint(folder: Path) -> Path:
+def build_checkpoint(folder: Path, shape: dict = TINY) -> Path:
     """whisper-tiny's shape with transformers' random init (seed 0), f32, its decoding rules
     in generation_config.json and WhisperFeatureExtractor's preprocessor_config.json."""
     import torch
@@ -88,7 +91,7 @@ def build_checkpoint(folder: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
     torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(WhisperConfig(**TINY)).eval()
+    model = WhisperForConditionalGeneration(WhisperConfig(**shape)).eval()
     g = model.generation_config
     g.lang_to_id = {t: FIRST_LANG + i for i, t in enumerate(special_tokens()[2:101])}
     g.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSLATE + 1}
@@ -206,6 +209,7 @@ METHODS = {
     "ctranslate2/int8": lambda f, n: ctranslate2_method(f, "int8", n),
 }
 REFERENCE = "transformers/eager"
+PROFILED = ["linnet/onnx", "linnet/generated", "ctranslate2/f32", "ctranslate2/int8"]
 
 
 def measure(name: str, folder: Path, samples, new_tokens: int, repeats: int) -> dict:
@@ -268,7 +272,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--checkpoint", type=Path, default=None, help="default: a cache folder")
     ap.add_argument("--torch-threads", type=int, default=None, help="default: torch's own")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a check of the script: a 1-layer d_model 64 checkpoint, 4 tokens, 1 call",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="time the front end, the encoder and each decode step apart",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.new_tokens = 1, 4
     if args.torch_threads:
         import torch
 
@@ -277,11 +293,16 @@ def main() -> None:
 
     cache = linnet_cache() / "bench"
     cache.mkdir(parents=True, exist_ok=True)
-    folder = build_checkpoint(args.checkpoint or cache / "whisper-tiny-shape")
+    if args.quick:
+        folder = build_checkpoint(args.checkpoint or SCRATCH / "whisper-quick", QUICK)
+    else:
+        folder = build_checkpoint(args.checkpoint or cache / "whisper-tiny-shape")
     samples, audio_s = speech()
     record = dict(
         what="Whisper transcription latency, one clip, batch 1 (bench/whisper.py)",
-        model="whisper-tiny", checkpoint="whisper-tiny-shape (random weights, transformers init)",
+        model="whisper-tiny" if not args.quick else "whisper-quick (a check of the script)",
+        checkpoint="whisper-tiny-shape (random weights, transformers init)",
+        quick=args.quick,
         audio=dict(source="espeak-ng -s 170", text=TEXT, seconds=audio_s, rate=RATE),
         new_tokens=args.new_tokens, repeats=args.repeats, torch_threads=args.torch_threads,
         machine=machine(),
@@ -289,6 +310,14 @@ def main() -> None:
         **provenance(), results={},
     )  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        from bench.whisper_profile import profile
+
+        record["profile"] = profile(folder, samples, args.only or PROFILED, args.new_tokens,
+                                    args.repeats)  # fmt: skip
+        write(record, audio_s, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+        return
     for name in args.only or list(METHODS):
         print(f"{name} ...", file=sys.stderr, flush=True)
         cell = measure(name, folder, samples, args.new_tokens, args.repeats)

@@ -215,13 +215,15 @@ class Seq2Seq(Decoder):
 
     folder = None  # the checkpoint folder: generation_config.json, preprocessor_config.json
 
-    def transcribe(self, audio, *, language=None, task=None, sampling_rate=None, tokenizer=None):
+    def transcribe(self, audio, *, language=None, task=None, sampling_rate=None, tokenizer=None,
+                   timestamps=False):  # fmt: skip
         """Audio (a file, or mono samples at `sampling_rate`, default the model's) as tokens
-        and, with a tokenizer, text, under the checkpoint's rules (linnet/speech.py)."""
+        and, with a tokenizer, text, under the checkpoint's rules (linnet/speech.py); with
+        `timestamps`, segments with start and end seconds too."""
         from linnet.speech import transcribe
 
-        return transcribe(self, audio, language=language, task=task,
-                          sampling_rate=sampling_rate, tokenizer=tokenizer)  # fmt: skip
+        return transcribe(self, audio, language=language, task=task, sampling_rate=sampling_rate,
+                          tokenizer=tokenizer, timestamps=timestamps)  # fmt: skip
 
     def generate(self, features, ids, max_new_tokens: int, **options):
         """`encode(features)`, then the prompt `ids` plus up to `max_new_tokens` tokens."""

@@ -24,6 +24,13 @@ import numpy as np
 
 from linnet.audio import FrontEnd, check_samples, read_audio, resample
 from linnet.errors import LinnetError
+from linnet.speech_timestamps import (
+    INPUT_STRIDE,
+    TIME_PRECISION,
+    Segment,
+    split_segments,
+    timestamp_rule,
+)
 
 TASKS = ("transcribe", "translate")
 
@@ -48,6 +55,14 @@ class WhisperRules:
     multilingual: bool = False
     max_length: int = 448
     forced: list = field(default_factory=list)  # forced_decoder_ids: [[index, id or None]]
+    max_initial_timestamp_index: int | None = None
+
+    @property
+    def timestamp_begin(self) -> int:
+        """The first timestamp token (<|0.00|>), right after no_timestamps."""
+        if self.no_timestamps is None:
+            raise LinnetError("no no_timestamps_token_id in generation_config.json: no timestamps")
+        return int(self.no_timestamps) + 1
 
     @classmethod
     def from_folder(cls, folder, hf_config: dict | None = None) -> WhisperRules:
@@ -70,6 +85,7 @@ class WhisperRules:
             multilingual=bool(config.get("is_multilingual", bool(lang_to_id))),
             max_length=int(config.get("max_length") or config.get("max_target_positions") or 448),
             forced=[list(pair) for pair in config.get("forced_decoder_ids") or []],
+            max_initial_timestamp_index=config.get("max_initial_timestamp_index"),
         )
 
     def head(self, language, task) -> list:
@@ -102,6 +118,7 @@ class Transcription:
     tokens: list[list[int]]  # per window: the generated tokens (prompt excluded, eos kept)
     languages: list[int | None]  # per window: the language token used
     text: str | None = None  # with a tokenizer
+    segments: list[Segment] | None = None  # with timestamps
 
 
 def _host(x) -> np.ndarray:
@@ -116,8 +133,9 @@ def detect_language(model, rules: WhisperRules, batch: int) -> list[int]:
     return [int(ids[i]) for i in logits[:, ids].argmax(-1)]
 
 
-def prompts(model, rules: WhisperRules, batch: int, language, task) -> np.ndarray:
-    """The start tokens for each item [B, P] (after `model.encode`)."""
+def prompts(model, rules: WhisperRules, batch: int, language, task, timestamps=False) -> np.ndarray:
+    """The start tokens for each item [B, P] (after `model.encode`); with `timestamps`,
+    no no_timestamps token (transformers drops one forced_decoder_ids put last)."""
     if not rules.multilingual and (language is not None or task is not None):
         raise LinnetError("this checkpoint is English-only: it takes no language or task")
     head = rules.head(language, task)
@@ -132,7 +150,10 @@ def prompts(model, rules: WhisperRules, batch: int, language, task) -> np.ndarra
         if langs is not None:
             row[1:2] = [langs[i]]  # replaces the slot to detect, or appends
         row = _with_task(row, rules, language, task)
-        if rules.no_timestamps is not None and row[-1] != rules.no_timestamps:
+        if timestamps:
+            rules.timestamp_begin  # noqa: B018 (refuses a checkpoint without timestamps)
+            row = row[:-1] if row[-1] == rules.no_timestamps else row
+        elif rules.no_timestamps is not None and row[-1] != rules.no_timestamps:
             row.append(int(rules.no_timestamps))
         rows.append([t for t in row if t is not None])
     return np.array(rows, dtype=np.int64)
@@ -148,17 +169,16 @@ def _with_task(row: list, rules: WhisperRules, language, task) -> list:
     return row
 
 
-def greedy(model, prompt: np.ndarray, rules: WhisperRules, max_new_tokens: int) -> list[list[int]]:
-    """Greedy tokens after `prompt` (after `model.encode`), with the suppression rules."""
+def greedy(model, prompt: np.ndarray, rules: WhisperRules, max_new_tokens: int,
+           timestamps: bool = False) -> list[list[int]]:  # fmt: skip
+    """Greedy tokens after `prompt` (after `model.encode`), with the suppression rules (and
+    the timestamp rules), in transformers' order: begin-suppress, suppress, timestamps."""
     batch = prompt.shape[0]
     logits = model.decode(prompt, 0)
     out: list[list[int]] = [[] for _ in range(batch)]
     done = np.zeros(batch, dtype=bool)
     for step in range(max_new_tokens):
-        scores = _host(logits).copy()
-        scores[:, rules.suppress] = -np.inf
-        if step == 0:
-            scores[:, rules.begin_suppress] = -np.inf
+        scores = rule_scores(_host(logits), rules, out, timestamps)
         token = scores.argmax(-1)
         for i in np.flatnonzero(~done):
             out[i].append(int(token[i]))
@@ -169,16 +189,30 @@ def greedy(model, prompt: np.ndarray, rules: WhisperRules, max_new_tokens: int) 
     return out
 
 
+def rule_scores(logits: np.ndarray, rules: WhisperRules, out: list[list[int]], timestamps):
+    """One step's scores [B, V] after the rules; `out`: each row's tokens so far."""
+    scores = logits.copy()
+    if not any(out):
+        scores[:, rules.begin_suppress] = -np.inf
+    scores[:, rules.suppress] = -np.inf
+    if timestamps:
+        timestamp_rule(scores, out, rules, first=not any(out))
+    return scores
+
+
 def transcribe_features(
     model, features: np.ndarray, rules: WhisperRules, *, language=None, task=None,
-    max_new_tokens: int | None = None,
+    max_new_tokens: int | None = None, timestamps: bool = False, prompt=None,
 ) -> tuple[list, np.ndarray]:  # fmt: skip
-    """Tokens for a batch of log-mel windows [B, n_mels, frames], and the prompts used."""
+    """Tokens for a batch of log-mel windows [B, n_mels, frames], and the prompts used
+    (`prompt`: these start tokens rather than new ones, as a long-form window takes the
+    first window's)."""
     model.encode(features)
-    prompt = prompts(model, rules, features.shape[0], language, task)
+    if prompt is None:
+        prompt = prompts(model, rules, features.shape[0], language, task, timestamps)
     room = model.max_positions - prompt.shape[1]
     limit = min(room, rules.max_length - prompt.shape[1], max_new_tokens or room)
-    return greedy(model, prompt, rules, limit), prompt
+    return greedy(model, prompt, rules, limit, timestamps), prompt
 
 
 def load_samples(audio, sampling_rate: int | None, target: int) -> np.ndarray:
@@ -192,22 +226,73 @@ def load_samples(audio, sampling_rate: int | None, target: int) -> np.ndarray:
 
 
 def transcribe(model, audio, *, language=None, task=None, sampling_rate=None,
-               max_new_tokens=None, folder=None, tokenizer=None) -> Transcription:  # fmt: skip
-    """Audio (a file or samples) through the model, one 30 s window at a time."""
+               max_new_tokens=None, folder=None, tokenizer=None,
+               timestamps=False) -> Transcription:  # fmt: skip
+    """Audio (a file or samples) through the model, one 30 s window at a time (with
+    `timestamps`, windows that start at the last timestamp, and segments)."""
     folder = folder if folder is not None else getattr(model, "folder", None)
     rules = WhisperRules.from_folder(folder, getattr(model, "hf_config", None))
     front = FrontEnd.from_folder(folder or ".", n_mels=model.config["n_mels"])
     samples = load_samples(audio, sampling_rate, front.sampling_rate)
-    result = Transcription(tokens=[], languages=[])
-    for window in front.windows(samples):
-        tokens, prompt = transcribe_features(
-            model, window[None], rules, language=language, task=task,
-            max_new_tokens=max_new_tokens,
-        )  # fmt: skip
-        result.tokens.append(tokens[0])
-        langs = set(rules.lang_to_id.values()) & set(prompt[0].tolist())
-        result.languages.append(langs.pop() if langs else None)
+    options = dict(language=language, task=task, max_new_tokens=max_new_tokens)
+    if timestamps:
+        result = _sequential(model, samples, front, rules, options)
+    else:
+        result = Transcription(tokens=[], languages=[])
+        for window in front.windows(samples):
+            tokens, prompt = transcribe_features(model, window[None], rules, **options)
+            result.tokens.append(tokens[0])
+            result.languages.append(_language_of(prompt[0], rules))
     if tokenizer is not None:
-        words = [tokenizer.decode(t, skip_special_tokens=True) for t in result.tokens]
-        result.text = "".join(words).strip()
+        _decode_text(result, tokenizer, rules, timestamps)
     return result
+
+
+def _language_of(prompt: np.ndarray, rules: WhisperRules) -> int | None:
+    langs = set(rules.lang_to_id.values()) & set(prompt.tolist())
+    return langs.pop() if langs else None
+
+
+def _sequential(model, samples, front: FrontEnd, rules: WhisperRules, options) -> Transcription:
+    """transformers' sequential long-form decoding with timestamps: up to 30 s of the whole
+    audio's features (zero-padded to the window), the start tokens of the first window for
+    all, the next window from the last timestamp (or the window's end). Audio of one window
+    or less is one padded window (short-form)."""
+    window = front.window_frames
+    if samples.size <= front.window_samples:
+        mel = front.features(samples)  # short-form: seek over the whole padded window
+    else:
+        mel = front.all_features(samples)
+    result = Transcription(tokens=[], languages=[], segments=[])
+    seek, prompt = 0, None
+    while seek < mel.shape[-1]:
+        frames = min(mel.shape[-1] - seek, window)
+        chunk = np.zeros((1, mel.shape[0], window), dtype=np.float32)
+        chunk[0, :, :frames] = mel[:, seek : seek + frames]
+        tokens, prompt = transcribe_features(
+            model, chunk, rules, timestamps=True, prompt=prompt, **options
+        )
+        result.tokens.append(tokens[0])
+        result.languages.append(_language_of(prompt[0], rules))
+        seq = tokens[0][:-1] if tokens[0] and tokens[0][-1] in rules.eos else tokens[0]
+        offset = seek * TIME_PRECISION / INPUT_STRIDE
+        found, advance = split_segments(seq, rules.timestamp_begin, offset, frames)
+        result.segments.extend(found)
+        seek += advance
+    return result
+
+
+def _decode_text(result: Transcription, tokenizer, rules: WhisperRules, timestamps) -> None:
+    """Text without special or timestamp tokens, per segment and in all."""
+    begin = rules.timestamp_begin if timestamps else None
+
+    def text(tokens):
+        kept = [t for t in tokens if begin is None or t < begin]
+        return tokenizer.decode(kept, skip_special_tokens=True)
+
+    if result.segments is not None:
+        for segment in result.segments:
+            segment.text = text(segment.tokens).strip()
+        result.text = "".join(text(s.tokens) for s in result.segments).strip()
+    else:
+        result.text = "".join(text(t) for t in result.tokens).strip()

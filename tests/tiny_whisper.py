@@ -134,3 +134,45 @@ def reference_model(folder: Path, rules: bool = True):
             if hasattr(g, key):
                 delattr(g, key)  # as a config without them: generate checks hasattr
     return model
+
+
+#: A tiny checkpoint laid out as the real vocabularies are: text, then eos, start, three
+#: languages, both tasks, no-timestamps, and timestamp tokens to the end of the vocabulary
+#: (40 of them: <|0.00|> to <|0.78|>, a 1 s window holds 0.02 s steps up to 1.00 s).
+TIMESTAMP_LAYOUT = dict(text=80, vocab=128)
+
+
+def build_timestamp_whisper(root: Path, stamp_bias: float, seed: int = 0) -> Path:
+    """A tiny WhisperForConditionalGeneration whose timestamp tokens win often enough to
+    exercise every timestamp rule: their (tied) embedding rows get `stamp_bias` times the
+    mean direction of the decoder's final hidden states, so their logits rise by about
+    that much, and a generation_config with max_initial_timestamp_index."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    folder = Path(root) / f"whisper-timestamps-{stamp_bias:g}"
+    if (folder / "config.json").exists():
+        return folder
+    eos, vocab = TIMESTAMP_LAYOUT["text"], TIMESTAMP_LAYOUT["vocab"]
+    config = WhisperConfig(**dict(
+        _SHAPE, num_mel_bins=80, vocab_size=vocab, decoder_start_token_id=eos + 1,
+        pad_token_id=eos, bos_token_id=eos, eos_token_id=eos, begin_suppress_tokens=[eos],
+    ))  # fmt: skip
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config).eval()
+    _redraw(model, seed)
+    begin = eos + 8
+    with torch.no_grad():
+        rows = model.model.decoder.embed_tokens.weight
+        direction = torch.nn.functional.normalize(model.model.decoder.layer_norm.bias, dim=0)
+        rows[begin:] += stamp_bias * direction
+    g = model.generation_config
+    g.lang_to_id = {"<|en|>": eos + 2, "<|de|>": eos + 3, "<|fr|>": eos + 4}
+    g.task_to_id = {"translate": eos + 5, "transcribe": eos + 6}
+    g.no_timestamps_token_id = eos + 7
+    g.suppress_tokens, g.is_multilingual = [1, 2, 15], True
+    g.max_initial_timestamp_index = 10
+    g.max_length = _SHAPE["max_target_positions"]
+    g._from_model_config = False
+    model.save_pretrained(folder)
+    WhisperFeatureExtractor(feature_size=80, chunk_length=1).save_pretrained(folder)
+    return folder

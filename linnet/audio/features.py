@@ -73,12 +73,14 @@ def log_mel(
     sampling_rate: int = 16000,
     n_fft: int = 400,
     hop_length: int = 160,
-    chunk_length: int = 30,
+    chunk_length: int | None = 30,
 ) -> np.ndarray:
     """f32 [n_mels, chunk_length * sampling_rate // hop_length] for one window of mono samples
-    (cut to the window, or padded with zeros)."""
+    (cut to the window, or padded with zeros); `chunk_length=None`: the whole audio, as the
+    extractor computes it for long-form generation (`padding="longest", truncation=False`:
+    samples // hop_length frames, one floor for all)."""
     samples = check_samples(samples)
-    n = chunk_length * sampling_rate
+    n = chunk_length * sampling_rate if chunk_length is not None else samples.size
     window = np.zeros(n, dtype=np.float32)
     window[: min(n, samples.size)] = samples[:n]  # the extractor pads and cuts in f32
     filters = mel_filters(n_mels, n_fft, sampling_rate)
@@ -134,6 +136,16 @@ class FrontEnd:
         return log_mel(samples, self.n_mels, sampling_rate=self.sampling_rate,
                        n_fft=self.n_fft, hop_length=self.hop_length,
                        chunk_length=self.chunk_length)  # fmt: skip
+
+    @property
+    def window_frames(self) -> int:
+        return self.window_samples // self.hop_length
+
+    def all_features(self, samples) -> np.ndarray:
+        """The whole audio at once: f32 [n_mels, samples // hop_length] (long-form)."""
+        return log_mel(samples, self.n_mels, sampling_rate=self.sampling_rate,
+                       n_fft=self.n_fft, hop_length=self.hop_length,
+                       chunk_length=None)  # fmt: skip
 
     def windows(self, samples) -> np.ndarray:
         """Every 30 s window in turn: f32 [k, n_mels, frames], k >= 1."""

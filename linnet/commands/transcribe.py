@@ -35,11 +35,13 @@ def _tokenizer_or_none(folder: Path):
 @click.option("--language", default=None, help="a language code (en, de, ...); default: detected")
 @click.option("--task", type=click.Choice(["transcribe", "translate"]), default=None)
 @click.option("--max-new-tokens", type=click.IntRange(1), default=None, help="per 30 s window")
+@click.option("--timestamps", is_flag=True, help="segments with start and end seconds")
 @BACKEND_OPTION
 @MODE_OPTION
 @_CHECKPOINT
 @_REVISION
-def transcribe(target, audio, language, task, max_new_tokens, backend, mode, checkpoint, revision):
+def transcribe(target, audio, language, task, max_new_tokens, timestamps, backend, mode,
+               checkpoint, revision):  # fmt: skip
     """Transcribe (or translate) speech with a Whisper checkpoint."""
     from linnet.audio import FrontEnd, read_audio
     from linnet.speech import transcribe as run_transcribe
@@ -57,10 +59,14 @@ def transcribe(target, audio, language, task, max_new_tokens, backend, mode, che
     t0 = time.perf_counter()
     result = run_transcribe(
         model, samples, language=language, task=task, max_new_tokens=max_new_tokens,
-        folder=found.folder, tokenizer=tokenizer,
+        folder=found.folder, tokenizer=tokenizer, timestamps=timestamps,
     )  # fmt: skip
     took = time.perf_counter() - t0
-    if result.text is not None:
+    if result.segments is not None:
+        for s in result.segments:
+            words = s.text if s.text is not None else " ".join(map(str, s.tokens))
+            click.echo(f"[{s.start:.2f} -> {s.end:.2f}] {words}")
+    elif result.text is not None:
         click.echo(result.text)
     else:
         for tokens in result.tokens:

@@ -9,8 +9,11 @@ the decoding rules), preprocessor_config.json (the front end's numbers) and the 
 tokenizer is not needed. Three outputs, each max |Δ| and rel:
 
 * `encode`: the encoder's output against the reference encoder's last_hidden_state;
-* `first`: the logits after the start tokens (Linnet's `decode` over the whole prompt),
-  and the same top-1 token in every row;
+* `first`: the scores of the first generated step after the checkpoint's rules (Linnet's
+  `decode` over the whole prompt through linnet.speech's suppress and begin-suppress rules,
+  against the first step's processed scores of transformers' `generate`: the same tokens
+  suppressed (-inf) on both sides, the others within the bounds), and the same top-1 token
+  in every row;
 * `greedy`: Linnet's greedy tokens under the checkpoint's rules (linnet.speech, what
   `transcribe` runs) equal transformers' `generate` over up to GREEDY_STEPS tokens in every
   row; its max |Δ| and rel are those of Linnet's decode steps, one token at a time along
@@ -96,20 +99,25 @@ def measure_speech(model, reference, folder, hf_config, config, tolerance) -> li
     prompt = prompts(model, rules, len(features), None, None)
     steps = min(GREEDY_STEPS, model.max_positions - prompt.shape[1])
     ours = greedy(model, prompt, rules, steps)
-    theirs = reference_greedy(reference, mel, steps, rules.eos)
-    out.append(first_logits(model, reference, mel, prompt, label, tolerance))
+    theirs, first_scores = reference_greedy(reference, mel, steps, rules.eos)
+    out.append(first_step(model, rules, prompt, first_scores, label, tolerance))
     out.append(teacher_forced(model, reference, mel, prompt, theirs, label, tolerance, ours))
     return out
 
 
-def reference_greedy(reference, mel, steps: int, eos: list[int]) -> list[list[int]]:
-    """transformers' `generate` under the checkpoint's generation config, per row cut after
-    its first end token (it pads a finished row)."""
+def reference_greedy(reference, mel, steps: int, eos: list[int]):
+    """transformers' `generate` under the checkpoint's generation config: the tokens per row
+    cut after its first end token (it pads a finished row), and the first step's scores
+    after its logits processors [B, V]."""
     import torch
 
     with torch.no_grad():
-        rows = reference.generate(input_features=mel, max_new_tokens=steps).tolist()
-    return [_cut(row, eos) for row in rows]
+        out = reference.generate(
+            input_features=mel, max_new_tokens=steps, output_scores=True,
+            return_dict_in_generate=True,
+        )  # fmt: skip
+    new = out.sequences[:, out.sequences.shape[1] - len(out.scores) :]  # the prompt cut off
+    return [_cut(row, eos) for row in new.tolist()], out.scores[0]
 
 
 def _cut(row: list[int], eos: list[int]) -> list[int]:
@@ -117,18 +125,29 @@ def _cut(row: list[int], eos: list[int]) -> list[int]:
     return row[: ends[0] + 1] if ends else row
 
 
-def first_logits(model, reference, mel, prompt, label, tolerance) -> OutputFigures:
-    """Linnet's logits after the start tokens against transformers' on the same tokens."""
+def first_step(model, rules, prompt, their_scores, label, tolerance) -> OutputFigures:
+    """Linnet's first-step scores (the logits after the start tokens, then the rules) against
+    transformers' first processed scores: the suppressed tokens (-inf) must be the same, the
+    other scores are compared (suppressed ones read as 0 on both sides)."""
     import torch
 
+    from linnet.speech import rule_scores
+
     model.reset()
-    got = torch.from_numpy(_host(model.decode(prompt, 0)))
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)
-        want = reference(input_features=mel, decoder_input_ids=ids).logits[:, -1]
-    top1 = int((got.argmax(-1) == want.argmax(-1)).sum())
+    scores = rule_scores(_host(model.decode(prompt, 0)), rules, [[] for _ in prompt], False)
+    ours_off = torch.from_numpy(np.isneginf(scores))
+    theirs = their_scores.detach().float().cpu()
+    theirs_off = torch.isneginf(theirs)
+    top1 = int((torch.from_numpy(scores).argmax(-1) == theirs.argmax(-1)).sum())
+    got = torch.from_numpy(scores).masked_fill(ours_off, 0.0)
+    want = theirs.masked_fill(theirs_off, 0.0)
     extra = dict(tokens=int(prompt.shape[1]), rows=len(prompt), top1=top1)
-    return compare(got, want, label, "first", tolerance, **extra)
+    f = compare(got, want, label, "first", tolerance, **extra)
+    only = int((ours_off != theirs_off).sum())
+    if only:
+        f.passed = False
+        f.why = "; ".join(filter(None, [f.why, f"{only} scores suppressed on one side only"]))
+    return f
 
 
 def teacher_forced(model, reference, mel, prompt, theirs, label, tolerance, ours):
