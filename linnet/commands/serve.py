@@ -32,6 +32,12 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
     show_default=True,
     help="requests that may wait while every row is busy; one more gets 429",
 )
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="torch's intra-op threads (torch.set_num_threads) [default: torch's, one per core]",
+)
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
 @BACKEND_OPTION
 @MODE_OPTION
@@ -41,7 +47,19 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
 @_CHECKPOINT
 @_REVISION
 def serve(
-    target, rows, positions, max_queue, dtype, backend, mode, host, port, name, checkpoint, revision
+    target,
+    rows,
+    positions,
+    max_queue,
+    threads,
+    dtype,
+    backend,
+    mode,
+    host,
+    port,
+    name,
+    checkpoint,
+    revision,
 ) -> None:
     """Serve a model over the OpenAI API (completions, chat, streaming) until SIGTERM."""
     import linnet.serve
@@ -58,6 +76,7 @@ def serve(
             log_level="info",
             rows=rows,
             positions=positions,
+            threads=threads,
             backend=backend,
             mode=mode,
             dtype=dtype,

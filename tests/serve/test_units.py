@@ -155,3 +155,18 @@ def test_the_server_function_serves_more_than_once_in_a_process():
     made = [linnet.serve.server(f"model-{i}", port=0) for i in range(2)]
     assert all(isinstance(s, Server) for s in made)
     assert callable(linnet.serve.server) and not isinstance(linnet.serve.server, type(linnet))
+
+
+def test_threads_sets_torch_threads(tiny_served):
+    """`linnet serve --threads N` (open_engine's `threads`) is torch's intra-op thread count."""
+    import torch
+
+    from linnet.serve.engine import open_engine
+
+    before = torch.get_num_threads()
+    want = 2 if before == 1 else 1
+    try:
+        open_engine(str(tiny_served), rows=1, threads=want, mode="interpret")
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)
