@@ -1,8 +1,10 @@
 """Continuous batching over a `RowDecoder`'s fixed rows, in a thread of its own.
 
-Each round: waiting requests are admitted into free rows; each prefilling row takes one chunk
-of its prompt (so a long prompt never stalls the rows that decode); every decoding row then
-advances by one token in a single `step`. A request that finished (EOS, a stop string,
+Each round: waiting requests are admitted into free rows; the prefilling rows take the next
+part of their prompts together, in one call where the rows have `prefill_together` (each
+row as many tokens as the shortest part left, at most a chunk), else one chunk each, so a
+long prompt never stalls the rows that decode; every decoding row then advances by one
+token in a single `step`. A request that finished (EOS, a stop string,
 `max_tokens`) or was cancelled (its client went away) frees its row in the round it is seen.
 Results go back through each job's `notify` (called from this thread) as `Update`s.
 """
@@ -163,14 +165,19 @@ class Scheduler:
                     self._release(job)
 
     def _prefill(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            part = job.prompt[job.fed : job.fed + self.chunk]
-            logits = self.rows.prefill(job.row, part)
-            job.fed += len(part)
+        parts = [job.prompt[job.fed : job.fed + self.chunk] for job in jobs]
+        together = getattr(self.rows, "prefill_together", None)
+        if together is not None and len(jobs) > 1:  # one call for all (linnet/rows.py)
+            fed, logits = together([job.row for job in jobs], parts)
+        else:  # one row at a time (SerialRows)
+            fed = [len(part) for part in parts]
+            logits = [self.rows.prefill(job.row, part) for job, part in zip(jobs, parts)]
+        for job, count, row_logits in zip(jobs, fed, logits):
+            job.fed += count
             if job.fed == len(job.prompt):
                 self.prefilling.remove(job)
                 self.decoding.append(job)
-                self._take(job, job.sampler(logits))
+                self._take(job, job.sampler(row_logits))
 
     def _step(self, jobs: list[Job]) -> None:
         jobs = [j for j in jobs if not j.done and j.pending is not None]
