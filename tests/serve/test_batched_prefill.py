@@ -82,3 +82,22 @@ def test_prompts_prefilled_together_give_transformers_greedy_tokens(
             ref = reference_logits(folder, torch.tensor([prompt]))[0, -1].numpy()
             assert_close(first[r], ref, atol=F32_TOL, what=f"row {r} first logits")
         assert rows.length(r) == len(prompt) + NEW - 1
+
+
+@pytest.mark.parametrize("backend", ["torch-generated", "onnx"])
+def test_steps_over_the_middle_rows_keep_their_cache(tiny_checkpoint, tmp_path, backend):
+    """Rows 1 and 2 of 4 decode alone (a step computes only the span 1..2: a view on
+    PyTorch, a slice put back on ONNX) while rows 0 and 3 hold prompts: transformers' greedy
+    tokens for all four."""
+    folder = tiny_checkpoint("llama")
+    model = load(folder, backend, tmp_path / backend)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, model.config["vocab"], n).tolist() for n in (6, 9, 4, 7)]
+    rows = model.rows(4, positions=POSITIONS - 1)
+    tokens = [[int(rows.prefill(r, p).argmax())] for r, p in enumerate(prompts)]
+    for live in ([1, 2],) * (NEW - 1) + ([0, 3],) * (NEW - 1):
+        for r, row_logits in zip(live, rows.step(live, [tokens[r][-1] for r in live])):
+            tokens[r].append(int(row_logits.argmax()))
+    for r, prompt in enumerate(prompts):
+        want = reference_greedy(folder, torch.tensor([prompt]), NEW)[0, len(prompt) :]
+        assert tokens[r] == want.tolist(), f"row {r}"
