@@ -147,12 +147,12 @@ def _decode_rate(done: dict) -> float | None:
     return round((len(arr) - 1) / (arr[-1] - arr[0]), 2) if len(arr) > 1 else None
 
 
-def measure(spec, texts: list[str], args) -> dict:
+def measure(spec, texts: list[str], args, out: dict) -> None:
     """Start `spec`'s server, warm it up, then run the workload at each in-flight level
-    (`args.levels`: (in flight, requests) pairs); one row per level."""
+    (`args.levels`: (in flight, requests) pairs); one row per level into `out`, and
+    `args.save()` after each (a run stopped midway keeps what it measured)."""
     print(f"[{spec.name}] starting", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    out = {}
     with start_server(spec) as server:
         startup = time.perf_counter() - t0
         solo_decode(server.base_url, spec, texts[0], 8)  # warm-up
@@ -171,7 +171,7 @@ def measure(spec, texts: list[str], args) -> dict:
             row["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
             print(f"[{spec.name} @{in_flight}] {row}", file=sys.stderr, flush=True)
             out[f"{spec.name} @{in_flight}" if len(args.levels) > 1 else spec.name] = row
-    return out
+            args.save()
 
 
 def specs(args, ckpt: str) -> list:
@@ -272,14 +272,19 @@ def main(argv=None) -> int:
                             "quick", "threads")},
               "exact_tokens": EXACT_NOTE,
               "rows": {}}  # fmt: skip
-    for spec in specs(args, ckpt):
-        try:
-            report["rows"].update(measure(spec, texts, args))
-        except Exception as err:  # one engine failing is reported; the others still run
-            report["rows"][spec.name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+
+    def save() -> None:
         report["machine_end"] = machine()
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    args.save = save
+    for spec in specs(args, ckpt):
+        try:
+            measure(spec, texts, args, report["rows"])
+        except Exception as err:  # one engine failing is reported; the others still run
+            report["rows"][spec.name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+        save()
     print_table(report["rows"])
     return 0 if all("error" not in r for r in report["rows"].values()) else 1
 
