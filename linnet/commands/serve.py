@@ -32,6 +32,12 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
     show_default=True,
     help="requests that may wait while every row is busy; one more gets 429",
 )
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="torch's intra-op threads (torch.set_num_threads) [default: torch's, one per core]",
+)
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
 @BACKEND_OPTION
 @MODE_OPTION
@@ -47,8 +53,8 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
     help="split the model over N torchrun ranks: rank 0 serves, the others follow",
 )
 def serve(
-    target, rows, positions, max_queue, dtype, backend, mode, host, port, name, checkpoint,
-    revision, tensor_parallel,
+    target, rows, positions, max_queue, threads, dtype, backend, mode, host, port, name,
+    checkpoint, revision, tensor_parallel,
 ) -> None:  # fmt: skip
     """Serve a model over the OpenAI API (completions, chat, streaming) until SIGTERM."""
     import linnet.serve
@@ -56,7 +62,8 @@ def serve(
     if mode is not None and backend != "torch":
         raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
     if tensor_parallel is not None:
-        options = dict(rows=rows, positions=positions, max_queue=max_queue, dtype=dtype,
+        options = dict(rows=rows, positions=positions, max_queue=max_queue, threads=threads,
+                       dtype=dtype,
                        backend=backend, mode=mode, host=host, port=port, name=name,
                        checkpoint=checkpoint, revision=revision)  # fmt: skip
         _serve_tensor_parallel(target, tensor_parallel, options)
@@ -71,6 +78,7 @@ def serve(
             log_level="info",
             rows=rows,
             positions=positions,
+            threads=threads,
             backend=backend,
             mode=mode,
             dtype=dtype,

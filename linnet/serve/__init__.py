@@ -28,7 +28,8 @@ def server(
     **load,
 ):
     """A `Server` for `target` (a zoo name, an HF repo id, a folder or a .gguf); `load`:
-    `open_engine`'s options (rows, positions, backend, mode, dtype, checkpoint, revision).
+    `open_engine`'s options (rows, positions, threads, backend, mode, dtype, checkpoint,
+    revision).
     `max_queue`: requests that may wait while every row is busy (one more gets 429);
     `prefill_chunk`: prompt tokens a row prefills per round.
     The model loads when it starts; until then every request gets 503."""

@@ -157,7 +157,7 @@ def _job(engine, req, ids: list[int], max_tokens: int) -> tuple[Job, asyncio.Que
         max_tokens=max_tokens,
         sampler=Sampler(req.sampling),
         text=TextOut(engine.decode, req.stop),
-        eos=engine.eos,
+        eos=frozenset() if req.ignore_eos else engine.eos,
         notify=notify,
     )
     return job, updates

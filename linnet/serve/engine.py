@@ -65,11 +65,13 @@ def open_engine(
     checkpoint=None,
     revision: str | None = None,
     name: str | None = None,
+    threads: int | None = None,
     tensor_parallel: int | None = None,
 ) -> Engine:
     """Locate `target` (a zoo name, an HF repo id, a folder or a .gguf), check the checkpoint,
     load its tokenizer and the model (as `linnet run` does), and give it `rows` cache rows of
-    `positions` tokens (default: the model's cache, its context capped at 4096).
+    `positions` tokens (default: the model's cache, its context capped at 4096). `threads`:
+    torch's intra-op threads for this process (None leaves torch's default);
     `tensor_parallel`: this torchrun rank's share (linnet/shard/tp_rows.py mirrors the rows)."""
     from linnet.commands.run import eos_ids
     from linnet.commands.session import load_model
@@ -77,6 +79,10 @@ def open_engine(
     from linnet.targets import locate
     from linnet.weights.checkpoint import open_checkpoint
 
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     found = locate(target, checkpoint=checkpoint, revision=revision)
     open_checkpoint(found.checkpoint)  # Linnet's checks before transformers reads anything
     tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)

@@ -51,6 +51,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's extension: end-of-sequence tokens do not end the answer
 
 
 _COMMON = {
@@ -64,6 +65,7 @@ _COMMON = {
     "stream",
     "stream_options",
     "user",
+    "ignore_eos",
 }
 # Accepted at these values only: anything else is a feature Linnet does not have.
 _NEUTRAL = {
@@ -105,6 +107,7 @@ def parse_request(body, chat: bool) -> Request:
     req.stop = _stop(body.get("stop"))
     req.stream = _boolean(body, "stream")
     req.include_usage = _stream_options(body, req.stream)
+    req.ignore_eos = _boolean(body, "ignore_eos")
     if "user" in body and not isinstance(body["user"], (str, type(None))):
         raise ApiError(400, "`user` must be a string", param="user")
     return req

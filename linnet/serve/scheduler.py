@@ -1,8 +1,11 @@
 """Continuous batching over a `RowDecoder`'s fixed rows, in a thread of its own.
 
-Each round: waiting requests are admitted into free rows; each prefilling row takes one chunk
-of its prompt (so a long prompt never stalls the rows that decode); every decoding row then
-advances by one token in a single `step`. A request that finished (EOS, a stop string,
+Each round: waiting requests are admitted into free rows; the prefilling rows, oldest
+first, take the next parts of their prompts, one chunk of tokens in all (so neither a long
+prompt nor a burst of them stalls the rows that decode for more than a chunk); every
+decoding row then advances by one token in a single `step`. (Prefilling several rows in one
+call, `prefill_together`, cost more CPU than one row at a time on the 2-core CPU measured:
+docs/serve.md.) A request that finished (EOS, a stop string,
 `max_tokens`) or was cancelled (its client went away) frees its row in the round it is seen.
 Results go back through each job's `notify` (called from this thread) as `Update`s.
 """
@@ -47,6 +50,7 @@ class Job:
     notify: Callable[[Update], None]
     row: int | None = None
     fed: int = 0  # prompt tokens already in the row
+    part: list[int] = field(default_factory=list)  # the prompt tokens fed this round
     pending: int | None = None  # the last token drawn, fed at the next step
     generated: int = 0
     cancelled: bool = False
@@ -127,7 +131,7 @@ class Scheduler:
                 return False
             self._admit()
         self._drop_cancelled()
-        self._guarded(list(self.prefilling), self._prefill)
+        self._guarded(self._this_round(), self._prefill)
         self._guarded(list(self.decoding), self._step)
         return True
 
@@ -162,11 +166,23 @@ class Scheduler:
                     job.notify(Update(error=f"decoding failed: {err}"))
                     self._release(job)
 
+    def _this_round(self) -> list[Job]:
+        """The prefilling jobs this round feeds, oldest first, and their parts (`job.part`):
+        one chunk of prompt tokens in all, so the decoding rows step after every chunk (a
+        burst of long prompts delays them by one chunk a round, not by a chunk per prompt)."""
+        budget, jobs = self.chunk, []
+        for job in self.prefilling:
+            if budget == 0:
+                break
+            job.part = job.prompt[job.fed : job.fed + budget]
+            budget -= len(job.part)
+            jobs.append(job)
+        return jobs
+
     def _prefill(self, jobs: list[Job]) -> None:
         for job in jobs:
-            part = job.prompt[job.fed : job.fed + self.chunk]
-            logits = self.rows.prefill(job.row, part)
-            job.fed += len(part)
+            logits = self.rows.prefill(job.row, job.part)
+            job.fed += len(job.part)
             if job.fed == len(job.prompt):
                 self.prefilling.remove(job)
                 self.decoding.append(job)

@@ -42,7 +42,7 @@ def served_folder(tiny_checkpoint, tmp_path_factory):
 def tokenizer(served_folder):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(served_folder)
+    return AutoTokenizer.from_pretrained(served_folder, trust_remote_code=False)
 
 
 def start_torchrun(folder) -> tuple[subprocess.Popen, str, list[str]]:

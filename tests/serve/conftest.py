@@ -23,6 +23,7 @@ from tests.tiny_tokenizer import add_tiny_tokenizer
 MODEL = "tiny-llama"
 ROWS = 4
 MAX_QUEUE = 12
+PREFILL_CHUNK = 16  # prompt tokens prefilled per round
 EOS = 2  # the tiny checkpoints' generation_config.json
 
 
@@ -97,7 +98,7 @@ def served(tiny_served):
         engine.rows = holder["rows"] = Gate(engine.rows)
         return engine
 
-    server = Server(load, name=MODEL, port=0, max_queue=MAX_QUEUE, prefill_chunk=16)
+    server = Server(load, name=MODEL, port=0, max_queue=MAX_QUEUE, prefill_chunk=PREFILL_CHUNK)
     server.start()
     wait_ready(server.url)
     server.rows = holder["rows"]

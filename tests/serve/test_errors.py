@@ -46,6 +46,7 @@ BAD = {
     "five stops": ("completions", {**OK, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     "empty stop": ("completions", {**OK, "stop": [""]}, 400, "stop"),
     "stream a string": ("completions", {**OK, "stream": "yes"}, 400, "stream"),
+    "ignore_eos a number": ("completions", {**OK, "ignore_eos": 1}, 400, "ignore_eos"),
     "stream_options alone": (
         "completions",
         {**OK, "stream_options": {"include_usage": True}},

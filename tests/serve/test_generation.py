@@ -10,7 +10,8 @@ import httpx
 import pytest
 import torch
 
-from tests.serve.conftest import MODEL, greedy_answer, metric, wait_metric
+from tests.checkpoints import load_reference
+from tests.serve.conftest import EOS, MODEL, greedy_answer, metric, wait_metric
 
 
 def mixed_prompts(n: int = 16) -> list[tuple[list[int], int]]:
@@ -122,6 +123,34 @@ def test_max_tokens_ends_with_length(client, tiny_served, tokenizer):
         assert got.choices[0].text == " ".join(want.split()[:n])
         assert got.choices[0].finish_reason == "length"
         assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), n)
+
+
+def greedy_past_eos(folder, ids: list[int], n: int) -> list[int]:
+    """transformers' model, greedy, `n` tokens whatever they are (its `generate` fills an
+    unset eos_token_id from the checkpoint's generation config, so it is not used here)."""
+    model = load_reference(folder)
+    seq = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(input_ids=seq).logits[0, -1].argmax()
+            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+    return seq[0, len(ids) :].tolist()
+
+
+def test_ignore_eos_runs_to_max_tokens_as_transformers(client, tiny_served, tokenizer):
+    """vLLM's `ignore_eos` (the serving benchmark asks every system for exactly its tokens):
+    the prompts whose greedy answer stops at EOS go on to `max_tokens`, token for token as
+    transformers' greedy decoding that ignores EOS."""
+    ending = [(ids, n) for ids, n in mixed_prompts() if greedy_answer(tiny_served, tokenizer,
+              ids, n)[2] == "stop"]  # fmt: skip
+    assert ending
+    for ids, n in ending:
+        got = complete(client, ids, n, extra_body={"ignore_eos": True})
+        new = greedy_past_eos(tiny_served, ids, n)
+        assert EOS in new
+        assert got.choices[0].text == tokenizer.decode(new, skip_special_tokens=True)
+        assert got.choices[0].finish_reason == "length"
+        assert got.usage.completion_tokens == n
 
 
 def test_seeded_sampling_does_not_depend_on_the_crowd(client):

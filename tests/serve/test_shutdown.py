@@ -33,6 +33,8 @@ def start_serve(folder) -> tuple[subprocess.Popen, str]:
             "0",
             "--rows",
             "1",
+            "--threads",
+            "1",
             "--mode",
             "interpret",
             "--name",

@@ -155,3 +155,74 @@ def test_the_server_function_serves_more_than_once_in_a_process():
     made = [linnet.serve.server(f"model-{i}", port=0) for i in range(2)]
     assert all(isinstance(s, Server) for s in made)
     assert callable(linnet.serve.server) and not isinstance(linnet.serve.server, type(linnet))
+
+
+def test_threads_sets_torch_threads(tiny_served):
+    """`linnet serve --threads N` (open_engine's `threads`) is torch's intra-op thread count."""
+    import torch
+
+    from linnet.serve.engine import open_engine
+
+    before = torch.get_num_threads()
+    want = 2 if before == 1 else 1
+    try:
+        open_engine(str(tiny_served), rows=1, threads=want, mode="interpret")
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)
+
+
+class RecordingRows:
+    """Rows that decode nothing (logits of zeros: greedy draws id 0) but record each call."""
+
+    def __init__(self, rows: int, vocab: int = 8):
+        self.rows, self.positions, self.vocab = rows, 1000, vocab
+        self.lengths = [0] * rows
+        self.calls: list[tuple[str, int]] = []  # ("prefill", tokens) or ("step", rows)
+
+    def prefill(self, row, ids):
+        self.calls.append(("prefill", len(ids)))
+        self.lengths[row] += len(ids)
+        return np.zeros(self.vocab, np.float32)
+
+    def step(self, rows, ids):
+        self.calls.append(("step", len(rows)))
+        for r in rows:
+            self.lengths[r] += 1
+        return np.zeros((len(rows), self.vocab), np.float32)
+
+    def free(self, row):
+        self.lengths[row] = 0
+
+    def length(self, row):
+        return self.lengths[row]
+
+
+def test_a_round_prefills_one_chunk_in_all_so_decoding_rows_keep_stepping():
+    """Three 40-token prompts arrive while a row decodes: each round feeds one chunk (16) of
+    prompt tokens in all, oldest first, and the decoding row steps every round."""
+    from linnet.serve.metrics import Metrics
+    from linnet.serve.scheduler import Job, Scheduler
+
+    def job(length: int) -> Job:
+        return Job(prompt=list(range(length)), max_tokens=20,
+                   sampler=Sampler(SamplingParams(temperature=0)),
+                   text=TextOut(lambda ids: "x" * len(ids), []), eos=frozenset(),
+                   notify=lambda update: None)  # fmt: skip
+
+    rows = RecordingRows(4)
+    scheduler = Scheduler(rows, Metrics(), max_queue=8, chunk=16)
+    first, *late = job(5), job(40), job(40), job(40)
+    scheduler.submit(first)
+    scheduler._round()
+    for j in late:
+        scheduler.submit(j)
+    while scheduler._busy():
+        seen = len(rows.calls)
+        decoding = not first.done
+        scheduler._round()
+        this_round = rows.calls[seen:]
+        assert sum(n for kind, n in this_round if kind == "prefill") <= 16
+        assert not decoding or this_round[-1][0] == "step"
+    assert [j.generated for j in (first, *late)] == [20] * 4
+    assert sum(n for kind, n in rows.calls if kind == "prefill") == 5 + 3 * 40
