@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from linnet.backends.torch import kernels
+from linnet.backends.torch.packed_tensor import PackedTensor
 
 KERNEL_MAX_ROWS = 64  # tokens on one expert above this: dequantize it and let MKL multiply
 BLOCK = 32
@@ -43,7 +44,7 @@ def values_table(device) -> torch.Tensor:
     return _tables[key]
 
 
-class Mxfp4Experts(torch.Tensor):
+class Mxfp4Experts(PackedTensor):
     """MXFP4 weights in their packed form; see the module docstring."""
 
     @staticmethod
@@ -82,21 +83,8 @@ class Mxfp4Experts(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return _dequantize(self.blocks, self.scales)
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = _HANDLERS.get(func)
-        with torch._C.DisableTorchFunctionSubclass():
-            if handler is not None:
-                found = handler(*args, **kwargs)
-                if found is not NotImplemented:
-                    return found
-            return func(*args, **kwargs)  # metadata, or __torch_dispatch__ below
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        """An op without a packed form sees the dequantized weights."""
-        return func(*_plain(args), **_plain(kwargs or {}))
+    def dense(self) -> torch.Tensor:
+        return self.dequantize().to(self.dtype)
 
 
 def _dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -124,16 +112,6 @@ def _kernel_ops(rows: int, device, w: Mxfp4Experts):
     if rows > KERNEL_MAX_ROWS or device.type != "cpu" or w.blocks.device.type != "cpu":
         return None
     return kernels.load()
-
-
-def _plain(value):
-    if isinstance(value, Mxfp4Experts):
-        return value.dequantize().to(value.dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 def _getitem(w, index):
@@ -195,3 +173,4 @@ _HANDLERS = {
     torch.Tensor.requires_grad_: _same,
     torch.Tensor.numpy: _numpy,
 }
+Mxfp4Experts.handlers = _HANDLERS

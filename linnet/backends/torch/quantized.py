@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from linnet.backends.torch import kernels
+from linnet.backends.torch.packed_tensor import PackedTensor
 
 GROUP = 32  # elements per scale
 KERNEL_MAX_ROWS = 64  # batches above this take the dequantize-then-GEMM path (MKL)
@@ -37,7 +38,7 @@ _CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32, L2-sized
 _buffers: dict = {}  # (device, dtype, elements) -> reused scratch
 
 
-class PackedWeight(torch.Tensor):
+class PackedWeight(PackedTensor):
     """A quantized 2-D weight in its packed form; see the module docstring."""
 
     @staticmethod
@@ -109,21 +110,9 @@ class PackedWeight(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return self.dequantize_rows()
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = _HANDLERS.get(func)
-        with torch._C.DisableTorchFunctionSubclass():
-            if handler is not None:
-                found = handler(*args, **kwargs)
-                if found is not NotImplemented:
-                    return found
-            return func(*args, **kwargs)  # metadata, or __torch_dispatch__ below
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        """An op without a packed form sees the dequantized weight."""
-        return func(*_plain(args), **_plain(kwargs or {}))
+    def dense(self) -> torch.Tensor:
+        dense = self.dequantize_rows().to(self.dtype)
+        return dense.t() if self.transposed else dense
 
 
 def _scratch(elements: int, device, dtype=torch.float32) -> torch.Tensor:
@@ -205,19 +194,6 @@ def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         else:
             out_t[lo:hi].addmm_(chunk, x2.t())
     return out_t.t()
-
-
-def _plain(value):
-    """`value` with every PackedWeight dequantized (to its dtype), for ops without a
-    packed form."""
-    if isinstance(value, PackedWeight):
-        dense = value.dequantize_rows().to(value.dtype)
-        return dense.t() if value.transposed else dense
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 def _linear(x, w, b=None):
@@ -309,3 +285,4 @@ _HANDLERS = {
     torch.Tensor.contiguous: _same,
     torch.Tensor.requires_grad_: _same,
 }
+PackedWeight.handlers = _HANDLERS
