@@ -140,6 +140,9 @@ SHRINK = dict(
     depths=[1, 1, 1, 1],
     global_attn_every_n_layers=2,
     local_attention=16,
+    global_attn_indexes=[1],  # SAM: every 2nd of the 2 layers global, as its source allows
+    output_channels=32,  # SAM: the neck's width is the prompt and mask decoder width
+    num_pos_feats=16,  # SAM: half the neck's width
     # Whisper (issue 14): the decoder's sizes have keys of their own
     decoder_attention_heads=4,
     decoder_layers=2,
