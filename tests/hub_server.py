@@ -15,6 +15,7 @@ for real repos. The upstream is a dead port: nothing can reach the internet
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -174,3 +175,26 @@ class LocalHub:
         if not self.log.exists():
             return []
         return [ln for ln in self.log.read_text(errors="replace").splitlines() if '"GET ' in ln]
+
+
+def online_against(endpoint: str, tmp_path: Path, monkeypatch) -> Path:
+    """Point huggingface_hub and Linnet at the local Hub `endpoint`, online (conftest sets
+    HF_HUB_OFFLINE), with a fresh HF cache and Linnet cache under `tmp_path`; the HF cache."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    for k, v in {
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_CACHE": str(cache),
+        "LINNET_CACHE": str(tmp_path / "linnet"),
+    }.items():
+        monkeypatch.setenv(k, v)
+    return cache
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

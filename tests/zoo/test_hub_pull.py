@@ -20,13 +20,9 @@ from linnet.zoo.registry import Entry, Registry, load_registry
 
 from linnet.errors import CheckpointError, PickledCheckpoint
 from linnet.hub import HubUnreachable, IntegrityError, RepoNotFound, UnpinnedRevision, lock, pull
-from tests.hub_server import LocalHub, free_port, missing_tools
+from tests.hub_server import LocalHub, free_port, missing_tools, online_against, sha256
 
 MISFIT_TENSOR = "model.layers.1.mlp.up_proj.weight"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def tiny_tokenizer(out: Path, vocab: int) -> None:
@@ -113,20 +109,8 @@ def hub(tmp_path_factory, tiny_checkpoint):
 
 @pytest.fixture
 def env(hub, tmp_path, monkeypatch):
-    """Online against the local Hub, with a fresh HF cache (conftest sets HF_HUB_OFFLINE)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    for k, v in {
-        "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_ENDPOINT": hub.endpoint,
-        "HF_HUB_CACHE": str(cache),
-        "LINNET_CACHE": str(tmp_path / "linnet"),
-    }.items():
-        monkeypatch.setenv(k, v)
+    """Online against the local Hub, with a fresh HF cache."""
+    cache = online_against(hub.endpoint, tmp_path, monkeypatch)
     reg = Registry(
         [
             Entry("tiny-llama", "test-org/tiny-llama", "LlamaForCausalLM", "apache-2.0",

@@ -11,7 +11,6 @@ snapshot/unet, which linnet.torch.load runs to diffusers' output.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,16 +24,12 @@ from linnet.zoo.registry import Entry, Registry, load_registry  # noqa: E402
 
 from linnet.errors import CheckpointError, LinnetError  # noqa: E402
 from linnet.hub import IntegrityError, pull  # noqa: E402
-from tests.hub_server import LocalHub, free_port, missing_tools  # noqa: E402
+from tests.hub_server import LocalHub, free_port, missing_tools, online_against, sha256  # noqa: E402
 from tests.models.test_unet import build, inputs, reference  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
 
 PLAIN = "diffusion_pytorch_model.safetensors"
 FP16 = "diffusion_pytorch_model.fp16.safetensors"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def pipeline_files(unet: Path, fp16: Path) -> dict[str, Path | bytes]:
@@ -88,20 +83,8 @@ def entry(name: str, repo: str, revision: str | None) -> Entry:
 
 @pytest.fixture
 def env(hub, tmp_path, monkeypatch):
-    """Online against the local Hub, with a fresh HF cache (conftest sets HF_HUB_OFFLINE)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    for k, v in {
-        "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_ENDPOINT": hub.endpoint,
-        "HF_HUB_CACHE": str(cache),
-        "LINNET_CACHE": str(tmp_path / "linnet"),
-    }.items():
-        monkeypatch.setenv(k, v)
+    """Online against the local Hub, with a fresh HF cache."""
+    cache = online_against(hub.endpoint, tmp_path, monkeypatch)
     reg = Registry(
         [
             entry("tiny-sdxl-unet", "test-org/tiny-sdxl", hub.v1),

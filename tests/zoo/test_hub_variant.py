@@ -11,8 +11,6 @@ same variant. The choice between sharded sets (plain and fp16 indexes) is checke
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,16 +22,12 @@ from linnet.zoo.registry import Entry, Registry  # noqa: E402
 
 from linnet.hub import pull  # noqa: E402
 from linnet.hub_remote import wanted_files, weight_files  # noqa: E402
-from tests.hub_server import LocalHub, free_port, missing_tools  # noqa: E402
+from tests.hub_server import LocalHub, free_port, missing_tools, online_against, sha256  # noqa: E402
 from tests.models.test_sd_vae import build  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
 
 PLAIN = "diffusion_pytorch_model.safetensors"
 FP16 = "diffusion_pytorch_model.fp16.safetensors"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +54,8 @@ def hub(tmp_path_factory):
 
 @pytest.fixture
 def env(hub, tmp_path, monkeypatch):
-    """Online against the local Hub, with a fresh HF cache (conftest sets HF_HUB_OFFLINE)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    for k, v in {
-        "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_ENDPOINT": hub.hub.endpoint,
-        "HF_HUB_CACHE": str(cache),
-        "LINNET_CACHE": str(tmp_path / "linnet"),
-    }.items():
-        monkeypatch.setenv(k, v)
+    """Online against the local Hub, with a fresh HF cache."""
+    cache = online_against(hub.hub.endpoint, tmp_path, monkeypatch)
 
     def entry(name, repo, revision):
         return Entry(name, repo, "AutoencoderKL", "mit", revision=revision,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from linnet.backends.torch import kernels
-from linnet.backends.torch.packed_tensor import PackedTensor
+from linnet.backends.torch.packed_tensor import PackedTensor, device_and_dtype
 
 KERNEL_MAX_ROWS = 64  # tokens on one expert above this: dequantize it and let MKL multiply
 BLOCK = 32
@@ -138,12 +138,7 @@ def _matmul(x, w):
 
 
 def _to(w, *args, **kwargs):
-    device, dtype = kwargs.get("device"), kwargs.get("dtype")
-    for a in args:
-        if isinstance(a, torch.dtype):
-            dtype = a
-        elif isinstance(a, (str, torch.device)):
-            device = torch.device(a)
+    device, dtype = device_and_dtype(args, kwargs)
     if dtype is not None and not dtype.is_floating_point:
         return NotImplemented
     if device is None:

@@ -43,3 +43,16 @@ def plain(value):
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     return value
+
+
+def device_and_dtype(args, kwargs) -> tuple:
+    """The target device and dtype of a `Tensor.to(...)` call (None where not given)."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device)):
+            device = torch.device(a)
+        elif isinstance(a, torch.Tensor):
+            device, dtype = a.device, a.dtype
+    return device, dtype

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from linnet.backends.torch import kernels
-from linnet.backends.torch.packed_tensor import PackedTensor
+from linnet.backends.torch.packed_tensor import PackedTensor, device_and_dtype
 
 GROUP = 32  # elements per scale
 KERNEL_MAX_ROWS = 64  # batches above this take the dequantize-then-GEMM path (MKL)
@@ -244,25 +244,13 @@ def _cat(tensors, dim=0, **kwargs):
 
 
 def _to(w, *args, **kwargs):
-    device, dtype = _device_dtype(args, kwargs)
+    device, dtype = device_and_dtype(args, kwargs)
     if dtype is not None and not dtype.is_floating_point:
         return NotImplemented
     move = (lambda t: t) if device is None else (lambda t: None if t is None else t.to(device))
     return w._with(
         move(w.codes), move(w.scale), move(w.offset), transposed=w.transposed, dtype=dtype
     )
-
-
-def _device_dtype(args, kwargs):
-    device, dtype = kwargs.get("device"), kwargs.get("dtype")
-    for a in args:
-        if isinstance(a, torch.dtype):
-            dtype = a
-        elif isinstance(a, (str, torch.device)):
-            device = torch.device(a)
-        elif isinstance(a, torch.Tensor):
-            device, dtype = a.device, a.dtype
-    return device, dtype
 
 
 def _same(w, *args, **kwargs):
