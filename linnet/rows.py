@@ -11,8 +11,10 @@ last (every row on JAX, where a slice of rows copies the whole cache); rows in t
 that are not listed are fed their next position, so what they write lies past their length
 and is overwritten before it is ever read. `prefill` runs the `decode` entry on one row's
 slice of the cache, in chunks, so a long prompt costs one row's work and leaves the other
-rows untouched. The cache has one slot more than a row holds: a full row that is not
-stepped still has room for the write it is fed.
+rows untouched; so does a step of one row alone where a row's slice is cheap (PyTorch,
+ONNX): `decode` at batch 1, as `linnet run` decodes, without `decode_rows`' per-row rope,
+cache writes and mask. The cache has one slot more than a row holds: a full row that is
+not stepped still has room for the write it is fed.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class RowDecoder:
             return np.zeros((0, self.model.config["vocab"]), np.float32)
         for r in rows:
             self._check_room(r, 1)
+        if len(rows) == 1 and self._row_views():  # `decode` at batch 1, as `linnet run`
+            return self.prefill(rows[0], ids)[None]
         lo, hi = self._span(rows)
         picked = [r - lo for r in rows]
         tokens = np.zeros((hi - lo, 1), np.int64)
@@ -140,9 +144,12 @@ class RowDecoder:
         rows is cheap (a view on PyTorch, a view or a copy of those rows on ONNX: a step
         then costs what the rows in use cost), else all of them (JAX: a slice would copy
         the cache)."""
-        if getattr(self.model.arrays, "row_views", False):
+        if self._row_views():
             return min(rows), max(rows) + 1
         return 0, self.rows
+
+    def _row_views(self) -> bool:
+        return bool(getattr(self.model.arrays, "row_views", False))
 
     @contextmanager
     def _rows_state(self, lo: int, hi: int):
