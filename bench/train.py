@@ -274,7 +274,8 @@ def write_grpo_run(out: Path, checkpoint: Path, steps: int) -> dict:
         "machine": before, "machine_after": machine(),
         "threads": _threads(), "settings": {**GRPO_RUN, "steps": steps},
         "method": "Linnet's PyTorch GRPO (LoRA on q and v, PEFT's init), one prompt's group "
-        "per step; rewards: the exact-answer reward (the completion's first number); "
+        "per step; rewards: the exact-answer reward (the completion's final answer: the last "
+        "'Answer: N', else its last number); "
         "held-out: the mean reward of `group` samples on each of `eval_prompts` other "
         "prompts, the same sampling seed before and after training",
         **run,
