@@ -224,7 +224,7 @@ def reward_rate(model, tok, rows, eos, settings, seed: int) -> float:
     for row in rows:
         prompt = _prompt_ids(tok, row)
         with torch.no_grad():
-            texts = tok.batch_decode(sampler.sample(model, prompt), skip_special_tokens=True)
+            texts = sampler.completion_texts(sampler.sample(model, prompt))
         scores += [_reward(t, row) for t in texts]
     return sum(scores) / len(scores)
 

@@ -102,6 +102,13 @@ class GrpoLoss:
         return sample_group(decoder, prompt, s.group, s.max_new_tokens, eos=self.eos,
                             temperature=s.temperature, generator=self.generator)  # fmt: skip
 
+    def completion_texts(self, completion: torch.Tensor) -> list[str]:
+        """Each completion's text up to its first end-of-sequence token, as TRL scores it
+        (a finished row keeps being sampled while others run: that tail is no answer)."""
+        kept = completion_mask(completion, self.eos).bool()
+        rows = [row[keep].tolist() for row, keep in zip(completion, kept)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
     def group_loss(self, model, prompt: list[int], completion, rewards):
         """Summed token loss of one group and its completion token count."""
         mask = completion_mask(completion, self.eos)
@@ -116,7 +123,7 @@ class GrpoLoss:
             prompt = chat_ids(self.tokenizer, row["prompt"], generation_prompt=True)
             with torch.no_grad():
                 completion = self.sample(model, prompt)
-            texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
+            texts = self.completion_texts(completion)
             rewards = torch.tensor([float(self.reward(t, row)) for t in texts])
             scores += rewards.tolist()
             texts_seen += texts

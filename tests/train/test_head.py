@@ -11,7 +11,7 @@ import torch
 
 from linnet.train.adapted import LoraModel
 from linnet.train.datasets import exact_answer_reward, final_answer
-from linnet.train.grpo import completion_logps
+from linnet.train.grpo import GrpoLoss, GrpoSettings, completion_logps
 from linnet.train.head import split_head
 from linnet.train.lora import LoraSpec
 from linnet.train.objectives import mean_nll, sft_loss, token_logps
@@ -151,3 +151,20 @@ def test_reward_reads_the_final_answer():
     assert exact_answer_reward("The answer is 40, I think 35", "40") == 1.0
     assert exact_answer_reward("It is 36.", "35") == 0.0
     assert exact_answer_reward("no idea", "35") == 0.0
+
+
+class WordTokenizer:
+    """One word per id; id 0 is the end of sequence (a special token, dropped)."""
+
+    words = ["<eos>", "7 x 5 = 35", " and", " 12"]
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return ["".join(self.words[i] for i in row if i or not skip_special_tokens) for row in rows]
+
+
+def test_rewards_read_each_completion_up_to_its_end():
+    """A row that ended keeps being sampled while the others run; that tail is no answer."""
+    loss = GrpoLoss(WordTokenizer(), None, GrpoSettings(group=2), eos=[0])
+    texts = loss.completion_texts(torch.tensor([[1, 0, 2, 3], [1, 2, 3, 0]]))
+    assert texts == ["7 x 5 = 35", "7 x 5 = 35 and 12"]
+    assert [exact_answer_reward(t, "35") for t in texts] == [1.0, 0.0]
