@@ -72,11 +72,16 @@ def initial_adapter(checkpoint: Path, out: Path) -> Path:
 # -- the workers: one process per (kind, method) -------------------------------------------
 
 
-def timed(step, times: list):
+def timed(step, times: list, cpu: list):
+    """`step` recording its wall time and its thread's CPU time (with one PyTorch thread
+    the whole step runs on this thread; CPU time is what a shared machine's load distorts
+    least)."""
+
     def run(batch):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         loss = step(batch)
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
         return loss
 
     return run
@@ -112,12 +117,13 @@ def linnet_run(kind: str, method: str, checkpoint: Path, initial: Path, out: Pat
         reward = lambda text, row: exact_answer_reward(text, row["answer"])  # noqa: E731
         trainer = grpo_trainer(model, tok, rows, config, reward, grpo, eos_ids(checkpoint, tok))
     times: list[float] = []
-    trainer.step = timed(trainer.step, times)
+    cpu: list[float] = []
+    trainer.step = timed(trainer.step, times, cpu)
     losses = trainer.run()
     shapes = [b[0].shape for b in trainer.batches[: len(losses)]] if kind != "grpo" else []
     tokens = [int(rows) * int(width) for rows, width in shapes]
     model.save_adapter(out / "adapter")
-    return {"losses": losses, "step_times": times, "tokens": tokens,
+    return {"losses": losses, "step_times": times, "step_cpu": cpu, "tokens": tokens,
             "rewards": list(getattr(trainer, "rewards", []))}  # fmt: skip
 
 
@@ -139,13 +145,15 @@ def trl_run(kind: str, checkpoint: Path, initial: Path, out: Path) -> dict:
     rows = rows_for(kind, s["train_rows"], s["seed"])
     trainer_cls, config, extra = _trl_config(kind, args)
     times: list[float] = []
+    cpu: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.start = time.perf_counter()
+            self.start, self.start_cpu = time.perf_counter(), time.thread_time()
 
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.start)
+            cpu.append(time.thread_time() - self.start_cpu)
 
     trainer = _recording(trainer_cls)(
         model=model, args=config, train_dataset=Dataset.from_list(rows),
@@ -155,7 +163,8 @@ def trl_run(kind: str, checkpoint: Path, initial: Path, out: Path) -> dict:
     trainer.train()
     model.save_pretrained(out / "adapter")
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"losses": trainer.recorded, "step_times": times, "tokens": [], "rewards": rewards}
+    return {"losses": trainer.recorded, "step_times": times, "step_cpu": cpu, "tokens": [],
+            "rewards": rewards}  # fmt: skip
 
 
 def _trl_config(kind: str, args: dict):
@@ -215,7 +224,7 @@ def reward_rate(model, tok, rows, eos, settings, seed: int) -> float:
     for row in rows:
         prompt = _prompt_ids(tok, row)
         with torch.no_grad():
-            texts = tok.batch_decode(sampler.sample(model, prompt), skip_special_tokens=True)
+            texts = sampler.completion_texts(sampler.sample(model, prompt))
         scores += [_reward(t, row) for t in texts]
     return sum(scores) / len(scores)
 
@@ -256,10 +265,11 @@ def grpo_reward_run(checkpoint: Path, steps: int) -> dict:
     config = TrainConfig(steps=steps, lr=g["lr"], batch_size=g["prompts_per_step"])
     trainer = grpo_trainer(model, tok, rows, config, _reward, settings, eos)
     times: list[float] = []
-    trainer.step = timed(trainer.step, times)
+    cpu: list[float] = []
+    trainer.step = timed(trainer.step, times, cpu)
     losses = trainer.run()
     after = reward_rate(model, tok, held, eos, settings, seed=1)
-    return {"losses": losses, "rewards": trainer.rewards, "step_times": times,
+    return {"losses": losses, "rewards": trainer.rewards, "step_times": times, "step_cpu": cpu,
             "heldout_reward_before": before, "heldout_reward_after": after,
             "samples": [texts[:4] for texts in trainer.samples]}  # fmt: skip
 
@@ -274,7 +284,8 @@ def write_grpo_run(out: Path, checkpoint: Path, steps: int) -> dict:
         "machine": before, "machine_after": machine(),
         "threads": _threads(), "settings": {**GRPO_RUN, "steps": steps},
         "method": "Linnet's PyTorch GRPO (LoRA on q and v, PEFT's init), one prompt's group "
-        "per step; rewards: the exact-answer reward (the completion's first number); "
+        "per step; rewards: the exact-answer reward (the completion's final answer: the last "
+        "'Answer: N', else its last number); "
         "held-out: the mean reward of `group` samples on each of `eval_prompts` other "
         "prompts, the same sampling seed before and after training",
         **run,
@@ -325,6 +336,11 @@ def summary(result: dict, tokens: list[int]) -> dict:
         "losses": result["losses"],
         "step_times": [round(t, 4) for t in times],
     }
+    if result.get("step_cpu"):  # the thread's CPU time per step (records since 2026-12-02)
+        out["cpu_step_s"] = round(
+            statistics.median(result["step_cpu"][1:] or result["step_cpu"]), 4
+        )
+        out["step_cpu"] = [round(t, 4) for t in result["step_cpu"]]
     if result["rewards"]:
         out["rewards"] = result["rewards"]
         out["mean_reward"] = statistics.mean(result["rewards"])
@@ -392,6 +408,8 @@ def add_speedups(cells: dict) -> None:
     for method, cell in cells.items():
         if method != "trl" and "step_s" in cell and "step_s" in trl:
             cell["vs"] = {"trl": round(trl["step_s"] / cell["step_s"], 3)}
+            if "cpu_step_s" in cell and "cpu_step_s" in trl:
+                cell["vs"]["trl_cpu"] = round(trl["cpu_step_s"] / cell["cpu_step_s"], 3)
 
 
 def plot(runs: dict, path: Path) -> str:

@@ -55,6 +55,7 @@ class Suite:
     comparisons: list[Metric]  # the metrics charted, one card per model
     rows: list[BenchRow] = field(default_factory=list)
     made: dict[str, Made] = field(default_factory=dict)  # file -> where it was measured
+    images: dict[str, Path] = field(default_factory=dict)  # a record's `plot` (SVG) -> its file
 
     def models(self) -> list[str]:
         return list(dict.fromkeys(r.model for r in self.rows))
@@ -285,4 +286,7 @@ def read_bench(folder: Path, entry_for) -> list[Suite]:
         suite = suites.setdefault(key, Suite(key, title, what, metrics, compared))
         suite.rows += rows_of(data, path, entry_for)
         suite.made[path.name] = made_of(data)
+        plot = folder.parent.parent / str(data.get("plot") or "")  # bench/train.py's SVG
+        if plot.suffix == ".svg" and plot.is_file():
+            suite.images[plot.name] = plot
     return [suites[k] for k in SUITES if k in suites]

@@ -166,6 +166,9 @@ def build_site(out: str | os.PathLike | None = None, inputs: Inputs | None = Non
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
     shutil.copyfile(HERE / "templates" / "style.css", out / "style.css")
+    for suite in site.suites:  # the plots the bench pages show (bench/SUITE.html)
+        for name, source in suite.images.items():
+            shutil.copyfile(source, out / "bench" / name)
     (out / MARKER).write_text("written by linnet site build; the next build replaces it\n")
     return out / "index.html"
 

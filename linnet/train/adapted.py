@@ -13,10 +13,14 @@ from pathlib import Path
 
 import torch
 
+from linnet.train.grpo import completion_logps
+from linnet.train.head import LmHead, labelled_logps, last_logps, split_head
 from linnet.train.lora import LoraSpec
 from linnet.train.lora_base import LoraCheckpoint
 from linnet.train.module import trainable_module
+from linnet.train.objectives import token_logps
 from linnet.train.peft_format import merge_lora, save_adapter
+from linnet.train.tokens import IGNORE
 
 
 class LoraModel(LoraCheckpoint):
@@ -29,39 +33,81 @@ class LoraModel(LoraCheckpoint):
         seed=0,
         numerics="equivalent",
         checkpoint_layers=False,
+        cut_head=True,
     ):
         initial = self._adapt(checkpoint, spec, adapters, seed)
         self.numerics = numerics
         self.base = checkpoint.torch_params()
+        # the LM head apart: losses run it only where they read logits (train/head.py)
+        program, self.head_spec = (
+            self._without_head(self.program) if cut_head else (self.program, None)
+        )
         self.module = trainable_module(
-            self.program,
+            program,
             {**self.base, **{k: v.to(self.dtype) for k, v in initial.items()}},
             trainable=lambda name: name in self.adapter_names,
             lora_dropout=spec.dropout,
             numerics=numerics,
             checkpointed=checkpoint_layers,  # each layer recomputed in the backward
         )
+        self.head = LmHead.of(self.head_spec, self.module) if self.head_spec else None
         self._reference = None
         self._sampler = None  # the rollout decoder, kept across steps
+
+    def _without_head(self, program):
+        """The program whose `forward` stops before the LM head, and the head; or the
+        program itself and None (a head that trains, or a tail that is no plain linear)."""
+        split = split_head(program)
+        if split is None or split[1].weight in self.adapter_names:
+            return program, None
+        return split
 
     @property
     def dtype(self):
         return next(iter(self.base.values())).dtype
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.module(ids)
+        out = self.module(ids)
+        return self.head.logits(out) if self.head else out
+
+    def label_logps(self, ids, labels, *, reference=False):
+        """`objectives.token_logps(self(ids), labels)` (or of `reference(ids)`), the
+        logits computed only at labelled positions."""
+        module = self._reference_module() if reference else self.module
+        if self.head is None or not (labels[:, 1:] != IGNORE).any():
+            logits = self.reference(ids) if reference else self(ids)
+            return token_logps(logits, labels)
+        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            return labelled_logps(module, self.head, ids, labels)
+
+    def completion_logps(self, ids, completion, temperature, *, reference=False):
+        """`grpo.completion_logps` of this model's (or the reference's) logits, the head
+        run on the completion's positions only."""
+        if self.head is None:
+            logits = self.reference(ids) if reference else self(ids)
+            return completion_logps(logits, completion, temperature)
+        module = self._reference_module() if reference else self.module
+        with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            return last_logps(module, self.head, ids, completion, temperature)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
     def reference(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of the base weights (adapters disabled), without gradients."""
-        if self._reference is None:
-            self._reference = trainable_module(
-                self.base_program, self.base, trainable=lambda n: False, numerics=self.numerics
-            )
         with torch.no_grad():
-            return self._reference(ids)
+            out = self._reference_module()(ids)
+            return self.head.logits(out) if self.head else out
+
+    def _reference_module(self):
+        if self._reference is None:
+            program = self.base_program
+            if self.head is not None:
+                program = split_head(program)[0]  # the base ends in the same head
+            self._reference = trainable_module(
+                program, self.base, trainable=lambda n: False, numerics=self.numerics
+            )
+        return self._reference
 
     def adapters(self) -> dict[str, torch.Tensor]:
         params = dict(self.module.named_parameters())

@@ -9,6 +9,7 @@ from templates, preference pairs, and two-number multiplications with an exact a
 from __future__ import annotations
 
 import random
+import re
 
 COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
 THINGS = ["apple", "car", "house", "bird", "river", "book", "chair", "cloud"]
@@ -88,8 +89,21 @@ def multiplication_prompts(count: int, seed: int = 0, digits: int = 2) -> list[d
     return rows
 
 
+# "Answer: 42" (the format TRL's and the seed's math rewards parse) or any number; digits
+# may be grouped with commas ("1,234")
+_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*(-?\d[\d,]*)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*")
+
+
+def final_answer(completion: str) -> str | None:
+    """The number a completion ends on: the last "Answer: N" if it writes one, else its
+    last number ("7 x 5 = 35" answers 35); None without a number."""
+    found = _ANSWER.findall(completion) or _NUMBER.findall(completion)
+    if not found:
+        return None
+    return found[-1].replace(",", "").rstrip(",")
+
+
 def exact_answer_reward(completion: str, answer: str) -> float:
-    """1.0 when the completion's first number is the answer, else 0.0."""
-    words = [w.strip(".,!") for w in completion.split()]
-    numbers = [w for w in words if w.isdigit()]
-    return 1.0 if numbers and numbers[0] == answer else 0.0
+    """1.0 when the completion's final answer (`final_answer`) is `answer`, else 0.0."""
+    return 1.0 if final_answer(completion) == str(answer) else 0.0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from linnet.train.rollout import sample_group
 from linnet.train.tokens import chat_ids
 
 
@@ -60,10 +61,11 @@ def group_token_loss(model, ids, completion, mask, advantages, settings, old_log
     and completions, `old_logps` those the completions were sampled with (default: the
     current ones, detached)."""
     # zero past each completion's end, as TRL has them (no exp of a stray value overflows)
-    logps = completion_logps(model(ids), completion, settings.temperature) * mask
+    logps = model.completion_logps(ids, completion, settings.temperature) * mask
     ref = None
     if settings.beta:
-        ref = completion_logps(model.reference(ids), completion, settings.temperature) * mask
+        ref = model.completion_logps(ids, completion, settings.temperature, reference=True)
+        ref = ref * mask
     old = logps.detach() if old_logps is None else old_logps
     token = grpo_token_loss(logps, old, ref, advantages, settings)
     return (token * mask).sum(), mask.sum()
@@ -96,16 +98,16 @@ class GrpoLoss:
         # the model's full length meant zeroing hundreds of MB per rollout
         needed = len(prompt) + self.settings.max_new_tokens
         decoder = model.sampler(positions=-(-needed // 256) * 256)
-        ids = torch.tensor([prompt] * self.settings.group)
-        out = decoder.generate(
-            ids,
-            self.settings.max_new_tokens,
-            eos_token_id=self.eos,
-            do_sample=True,
-            temperature=self.settings.temperature,
-            generator=self.generator,
-        )
-        return out[:, len(prompt) :]
+        s = self.settings
+        return sample_group(decoder, prompt, s.group, s.max_new_tokens, eos=self.eos,
+                            temperature=s.temperature, generator=self.generator)  # fmt: skip
+
+    def completion_texts(self, completion: torch.Tensor) -> list[str]:
+        """Each completion's text up to its first end-of-sequence token, as TRL scores it
+        (a finished row keeps being sampled while others run: that tail is no answer)."""
+        kept = completion_mask(completion, self.eos).bool()
+        rows = [row[keep].tolist() for row, keep in zip(completion, kept)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def group_loss(self, model, prompt: list[int], completion, rewards):
         """Summed token loss of one group and its completion token count."""
@@ -121,7 +123,7 @@ class GrpoLoss:
             prompt = chat_ids(self.tokenizer, row["prompt"], generation_prompt=True)
             with torch.no_grad():
                 completion = self.sample(model, prompt)
-            texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
+            texts = self.completion_texts(completion)
             rewards = torch.tensor([float(self.reward(t, row)) for t in texts])
             scores += rewards.tolist()
             texts_seen += texts

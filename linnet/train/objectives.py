@@ -23,7 +23,11 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 
 
 def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    picked, mask = token_logps(logits, labels)
+    return mean_nll(*token_logps(logits, labels))
+
+
+def mean_nll(picked: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SFT's loss from `token_logps`' two results."""
     return -picked.sum() / mask.sum().clamp(min=1)
 
 

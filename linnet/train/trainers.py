@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from linnet.train.data import DataError
 from linnet.train.loop import TrainConfig, Trainer
-from linnet.train.objectives import dpo_loss, sequence_logps, sft_loss
+from linnet.train.objectives import dpo_loss, mean_nll
 from linnet.train.tokens import dpo_batches, dpo_example, sft_batches, sft_example
 
 
@@ -24,15 +24,15 @@ def pad_id(tokenizer) -> int:
 
 def sft_step_loss(model, batch):
     ids, labels = batch
-    return sft_loss(model(ids), labels)
+    return mean_nll(*model.label_logps(ids, labels))
 
 
 def dpo_step_loss(beta: float):
     def loss(model, batch):
         ids, labels = batch
-        return dpo_loss(
-            sequence_logps(model(ids), labels), sequence_logps(model.reference(ids), labels), beta
-        )
+        policy = model.label_logps(ids, labels)[0].sum(dim=1)
+        reference = model.label_logps(ids, labels, reference=True)[0].sum(dim=1)
+        return dpo_loss(policy, reference, beta)
 
     return loss
 

@@ -59,3 +59,13 @@ def test_a_malformed_training_record_names_the_file(tmp_path, runs):
     path.write_text(json.dumps(data))
     with pytest.raises(SiteError, match="training.json"):
         read_bench(tmp_path, lambda name: None)
+
+
+def test_the_training_page_shows_the_loss_plot(site):
+    """The record's `plot` (docs/training-loss.svg) is copied beside bench/training.html,
+    byte for byte, and the page shows it."""
+    plot = ROOT / json.loads(RECORD.read_text())["plot"]
+    copied = site / "bench" / plot.name
+    assert copied.read_bytes() == plot.read_bytes()
+    page = (site / "bench" / "training.html").read_text()
+    assert f'<img src="{plot.name}"' in page
