@@ -141,32 +141,27 @@ def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
     no copies and as few Python calls as it can."""
     with torch._C.DisableTorchFunctionSubclass():
         xf = x if x.dtype == torch.float32 else x.float()
-        ops = _kernel_ops(xf, w)
-        if ops is not None:  # the kernels take x (..., cols) and give (..., rows)
-            y = _kernel_linear(ops, xf if xf.is_contiguous() else xf.contiguous(), w)
-        else:
+        y = None
+        if xf.numel() <= KERNEL_MAX_ROWS * w.cols and w.kernel_ready and xf.device.type == "cpu":
+            # the kernels take x (..., cols) and give (..., rows); None: they do not run here
+            y = _kernel_linear(xf if xf.is_contiguous() else xf.contiguous(), w)
+        if y is None:
             y = _blocked_linear(xf.reshape(-1, w.cols), w).reshape(*x.shape[:-1], w.rows)
         if b is not None:
             y = y + b.float()
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def _kernel_ops(x: torch.Tensor, w: PackedWeight):
-    """The kernels' ops when they take this call: a CPU batch of at most KERNEL_MAX_ROWS
-    rows and contiguous parts (row slices of a packed weight are)."""
-    if x.numel() > KERNEL_MAX_ROWS * w.cols or not w.kernel_ready or x.device.type != "cpu":
-        return None
-    return kernels.load()
-
-
-def _kernel_linear(ops, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+def _kernel_linear(x: torch.Tensor, w: PackedWeight):
     """The integer kernel (x rounded to int8 per 32-block) for a weight that allows it,
-    where the CPU has VNNI and the rows suit it (4-bit: whole 64-blocks); else the f32 one."""
+    where the CPU has VNNI and the rows suit it (4-bit: whole 64-blocks); else the f32 one;
+    None where neither runs (each asks `kernels.load()` once: it reads the environment)."""
     if w.int8_x and (w.offset is None or w.cols % 64 == 0):
         int8x = kernels.int8x_linear_op()
         if int8x is not None:
             return int8x(x, w.codes, w.scale, w.offset)
-    return ops.packed_linear(x, w.codes, w.scale, w.offset)
+    ops = kernels.load()
+    return None if ops is None else ops.packed_linear(x, w.codes, w.scale, w.offset)
 
 
 def allow_int8_activations(params: dict, numerics: str) -> None:

@@ -28,7 +28,6 @@ import torch
 SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "packed_vnni.cpp", "mxfp4_gemv.cpp")
 FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
-_ON = ("1",)  # the usual value, checked without normalising
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 
 
@@ -44,14 +43,12 @@ def cpu_supported() -> bool:
 
 def load():
     """The kernels' op namespace, built or loaded once per process; None where they
-    cannot run here (see the module docstring). Checks LINNET_KERNELS on every call (a
-    decode step calls this ~120 times: one dict lookup once loaded)."""
-    if os.environ.get("LINNET_KERNELS", "1") not in _ON and not enabled():
+    cannot run here (see the module docstring). Checks LINNET_KERNELS on every call."""
+    if not enabled() or not cpu_supported():
         return None
-    ops = _loaded.get("ops", _loaded)
-    if ops is _loaded:  # first call: probe the CPU, then build or load
-        ops = _loaded["ops"] = _build_or_load() if cpu_supported() else None
-    return ops
+    if "ops" not in _loaded:
+        _loaded["ops"] = _build_or_load()
+    return _loaded["ops"]
 
 
 def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
@@ -75,11 +72,10 @@ def int8x_linear_op():
     AVX512-VNNI; else None (also when LINNET_INT8X is 0/off/false/no: the f32 kernel)."""
     ops = load()
     if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in _OFF:
-        return None  # (~1 us: decode asks ~120 times a step)
-    found = _loaded.get("int8x")
-    if found is None:
-        found = _loaded["int8x"] = ops.packed_linear_int8x if ops.vnni_native() else False
-    return found or None
+        return None
+    if "vnni" not in _loaded:
+        _loaded["vnni"] = bool(ops.vnni_native())
+    return ops.packed_linear_int8x if _loaded["vnni"] else None
 
 
 def _register_fakes() -> None:
