@@ -8,8 +8,9 @@ A GGUF file's q8_0, q4_0 and q4_K tensors are kept as they are stored
 (`linnet.weights.gguf_packed`); an HF checkpoint's 2-D weights (linears and embeddings)
 are quantized on load with the GGUF exporter's own quantizers (q8_0 as the gguf package
 does, q4_0 and q4_K from the formats' definitions in `linnet.converters`), so a folder
-loaded at q4_k runs the weights its q4_k export would hold. A weight whose rows are not
-whole blocks stays f32.
+loaded at q4_k runs the weights its q4_k export would hold: llama.cpp's fallback for rows
+that are not whole 256-blocks (q5_0, held as q8_0) included. A weight no packed type fits
+stays f32.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from linnet.backends.torch.quantized import PackedWeight
-from linnet.weights.gguf_packed import BLOCK, PACKED_TYPES, PackedArrays, packed_from_ggml
+from linnet.weights.gguf_packed import PACKED_TYPES, PackedArrays, packed_from_ggml
 
 
 def packed_dtype(dtype) -> str | None:
@@ -46,12 +47,20 @@ def ggml_bytes(x: np.ndarray, kind: str) -> np.ndarray:
     return quantize_rows(x, kind)
 
 
-def quantizable(name: str, t: torch.Tensor, kind: str) -> bool:
-    """2-D float weights with whole blocks per row; position tables stay float, as
-    llama.cpp keeps position_embd."""
+def stored_kind(name: str, t: torch.Tensor, kind: str) -> str | None:
+    """The ggml type a `kind` export stores weight `name` in, where it is packed: 2-D
+    float weights, `kind` where rows are whole blocks, else llama.cpp's fallback (q4_K:
+    q5_0, held as q8_0); None (stays float) for position tables, as llama.cpp keeps
+    position_embd, and rows no packed type fits."""
+    from linnet.converters.gguf_types import fallback
+
     if isinstance(t, PackedWeight) or t.dim() != 2 or not t.is_floating_point():
-        return False
-    return t.shape[1] % BLOCK[kind] == 0 and "position" not in name
+        return None
+    found = fallback(kind, t.shape[1])
+    return found if found in _UNPACKED and "position" not in name else None
+
+
+_UNPACKED = (*PACKED_TYPES, "q5_0")  # what packed_from_ggml unpacks
 
 
 def quantize_params(params: dict, kind: str) -> dict:
@@ -60,9 +69,10 @@ def quantize_params(params: dict, kind: str) -> dict:
     out = {}
     for name, t in params.items():
         if id(t) not in done:
-            if quantizable(name, t, kind):
+            stored = stored_kind(name, t, kind)
+            if stored is not None:
                 x = t.detach().float().cpu().numpy()
-                p = packed_from_ggml(ggml_bytes(x, kind), kind, x.shape)
+                p = packed_from_ggml(ggml_bytes(x, stored), stored, x.shape)
                 done[id(t)] = to_packed_weight(p, t.dtype, t.device)
             else:
                 done[id(t)] = t

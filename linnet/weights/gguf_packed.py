@@ -1,5 +1,6 @@
-"""GGUF q8_0, q4_0 and q4_K tensors kept packed: ggml's block bytes unpacked (vectorised
-numpy, from the formats' definitions) into a layout a weight-only quantized linear reads.
+"""GGUF q8_0, q4_0, q4_K (and q5_0, as q8_0) tensors kept packed: ggml's block bytes
+unpacked (vectorised numpy, from the formats' definitions) into a layout a weight-only
+quantized linear reads.
 
     p = packed_from_ggml(raw_bytes, "q4_k", (rows, cols))
     p.codes     # q8_0: int8 (rows, cols); 4-bit: uint8 (rows, cols // 2), element i in
@@ -22,9 +23,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 PACKED_TYPES = ("q8_0", "q4_0", "q4_k")
+# ggml types a GGUF file's matrices stay packed in: the packed types, and q5_0 (the type
+# llama.cpp's q4_K falls back to for rows that are not whole 256-blocks) held as q8_0
+KEPT_PACKED = (*PACKED_TYPES, "q5_0")
 GROUP = 32  # elements per scale, in every packed type
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_k": 144}
-BLOCK = {"q8_0": 32, "q4_0": 32, "q4_k": 256}
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_k": 144, "q5_0": 22}
+BLOCK = {"q8_0": 32, "q4_0": 32, "q4_k": 256, "q5_0": 32}
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,21 @@ def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
     )
 
 
-_UNPACK = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k}
+def _q5_0(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
+    """q5_0 (d, the 32 codes' fifth bits as a little-endian uint32, 16 bytes of nibbles:
+    element j low in byte j, element j + 16 high): value d * (code - 16), code 0..31. Kept
+    as q8_0's layout, int8 code - 16 and scale d (the same f32 product), so the q8_0
+    kernels run it: 1 byte a weight where the file has 5/8 (llama.cpp reads 22 bytes a
+    block, Linnet 36)."""
+    d = _f16(blocks[:, 0:2])
+    fifth = np.unpackbits(blocks[:, 2:6], axis=-1, bitorder="little")  # (n, 32) bit 4
+    qs = blocks[:, 6:]
+    low = np.concatenate([qs & 0x0F, qs >> 4], -1)
+    codes = ((low | (fifth << 4)).astype(np.int16) - 16).astype(np.int8).reshape(rows, cols)
+    return PackedArrays("q8_0", (rows, cols), codes, d.reshape(rows, cols // 32))
+
+
+_UNPACK = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q5_0": _q5_0}
 
 
 def packed_from_ggml(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> PackedArrays:

@@ -20,7 +20,7 @@ import numpy as np
 
 from linnet.core.dtypes import normalize_dtype
 from linnet.weights.gguf_checkpoint import FusedTensor, GgufCheckpoint, tensor_data, tensor_dtype
-from linnet.weights.gguf_packed import PACKED_TYPES, packed_from_ggml
+from linnet.weights.gguf_packed import KEPT_PACKED, packed_from_ggml
 from linnet.weights.stream import Weights, full_config, ordered
 from linnet.weights.tensor_group import TensorGroup
 
@@ -64,9 +64,9 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False)
 
 
 def packed_tensor(t):
-    """A GGUF matrix of a packed type (q8_0, q4_0, q4_K) unpacked, else None."""
+    """A GGUF matrix of a packed type (q8_0, q4_0, q4_K; q5_0 as q8_0) unpacked, else None."""
     kind = t.tensor_type.name.lower()
-    if kind not in PACKED_TYPES or len(t.shape) != 2 or isinstance(t, FusedTensor):
+    if kind not in KEPT_PACKED or len(t.shape) != 2 or isinstance(t, FusedTensor):
         return None
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     return packed_from_ggml(np.asarray(t.data).reshape(-1), kind, shape)

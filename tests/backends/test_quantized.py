@@ -27,8 +27,9 @@ from linnet.quantize import ggml_bytes, to_packed_weight
 from linnet.weights.gguf_packed import packed_from_ggml
 
 KINDS = ("q8_0", "q4_0", "q4_k")
-GGML = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K"}
-CASES = [(k, 512) for k in KINDS] + [("q8_0", 96), ("q4_0", 96)]  # 96: an odd 3 groups
+GGML = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "q5_0": "Q5_0"}
+# q5_0 (q4_K's fallback type in llama.cpp) is held in q8_0's layout; 96: an odd 3 groups
+CASES = [(k, 512) for k in (*KINDS, "q5_0")] + [("q8_0", 96), ("q4_0", 96), ("q5_0", 96)]
 IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
 
 
@@ -291,8 +292,10 @@ def _all_matrices_packed(model) -> None:
 
 
 # tied: SmolLM2-like, the packed embedding is also the head; hidden 96 is 3 groups (odd)
+# q4_k: 96-wide rows are not whole 256-blocks, so every matrix is q5_0 (llama.cpp's
+# fallback), kept packed as q8_0
 @pytest.mark.parametrize("variant", ["base", "tied"])
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("mode", ["interpret", "generated"])
 def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, mode, variant):
     _, gguf = tiny_llama_ggufs(variant, kind)
@@ -303,7 +306,7 @@ def test_gguf_imported_packed_equals_dequantized_import(tiny_llama_ggufs, kind, 
     assert model.generate(IDS, 6).tolist() == want_model.generate(IDS, 6).tolist()
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
 def test_hf_folder_quantized_on_load_runs_its_gguf_export(tiny_llama_ggufs, kind):
     src, gguf = tiny_llama_ggufs("base", kind)
     model = lt.load(src, dtype=kind.upper(), mode="generated")

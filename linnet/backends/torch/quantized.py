@@ -52,6 +52,9 @@ class PackedWeight(PackedTensor):
         self.kind, self.codes, self.scale, self.offset = kind, codes, scale, offset
         self.transposed = transposed  # the interpreter's folded transpose of a linear
         self.int8_x = False  # numerics="fast": x may be rounded to int8 (the VNNI kernel)
+        parts = (codes, scale) if offset is None else (codes, scale, offset)
+        # what the C++ kernels take (checked once here, not on every call)
+        self.kernel_ready = all(p.device.type == "cpu" and p.is_contiguous() for p in parts)
 
     @classmethod
     def build(cls, kind, codes, scale, offset=None, *, dtype=torch.float32):
@@ -133,39 +136,32 @@ def _offset_terms(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
 
 def packed_linear(x: torch.Tensor, w: PackedWeight, b=None) -> torch.Tensor:
     """x @ dequantize(w)^T + b, with f32 sums, in x's dtype: Linnet's C++ kernel for small
-    batches where it runs (`kernels.load()`), else `w` dequantized a block of rows at a time."""
+    batches where it runs (`kernels.load()`), else `w` dequantized a block of rows at a time.
+    Decode calls this ~120 times a step, so the common case (f32 x, contiguous parts) makes
+    no copies and as few Python calls as it can."""
     with torch._C.DisableTorchFunctionSubclass():
-        rows_x = x.numel() // x.shape[-1]
-        x2 = x.reshape(rows_x, x.shape[-1]).float()
-        ops = _kernel_ops(x2, w)
-        if ops is not None:
-            y = _kernel_linear(ops, x2.contiguous(), w)
-        else:
-            y = _blocked_linear(x2, w)
+        xf = x if x.dtype == torch.float32 else x.float()
+        y = None
+        if xf.numel() <= KERNEL_MAX_ROWS * w.cols and w.kernel_ready and xf.device.type == "cpu":
+            # the kernels take x (..., cols) and give (..., rows); None: they do not run here
+            y = _kernel_linear(xf if xf.is_contiguous() else xf.contiguous(), w)
+        if y is None:
+            y = _blocked_linear(xf.reshape(-1, w.cols), w).reshape(*x.shape[:-1], w.rows)
         if b is not None:
             y = y + b.float()
-        return y.to(x.dtype).reshape(*x.shape[:-1], w.rows)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def _kernel_ops(x2: torch.Tensor, w: PackedWeight):
-    """The kernels' ops when they take this call: a CPU batch of at most KERNEL_MAX_ROWS
-    rows and contiguous parts (row slices of a packed weight are)."""
-    if len(x2) > KERNEL_MAX_ROWS or x2.device.type != "cpu" or w.codes.device.type != "cpu":
-        return None
-    parts = (w.codes, w.scale) if w.offset is None else (w.codes, w.scale, w.offset)
-    if not all(p.is_contiguous() for p in parts):
-        return None
-    return kernels.load()
-
-
-def _kernel_linear(ops, x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+def _kernel_linear(x: torch.Tensor, w: PackedWeight):
     """The integer kernel (x rounded to int8 per 32-block) for a weight that allows it,
-    where the CPU has VNNI and the rows suit it (4-bit: whole 64-blocks); else the f32 one."""
+    where the CPU has VNNI and the rows suit it (4-bit: whole 64-blocks); else the f32 one;
+    None where neither runs (each asks `kernels.load()` once: it reads the environment)."""
     if w.int8_x and (w.offset is None or w.cols % 64 == 0):
         int8x = kernels.int8x_linear_op()
         if int8x is not None:
-            return int8x(x2, w.codes, w.scale, w.offset)
-    return ops.packed_linear(x2, w.codes, w.scale, w.offset)
+            return int8x(x, w.codes, w.scale, w.offset)
+    ops = kernels.load()
+    return None if ops is None else ops.packed_linear(x, w.codes, w.scale, w.offset)
 
 
 def allow_int8_activations(params: dict, numerics: str) -> None:

@@ -83,11 +83,11 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("linnet_kernels::packed_linear")
     def _(x, codes, scale, offset):
-        return x.new_empty(x.shape[0], scale.shape[0])
+        return x.new_empty(*x.shape[:-1], scale.shape[0])
 
     @torch.library.register_fake("linnet_kernels::packed_linear_int8x")
     def _(x, codes, scale, offset):
-        return x.new_empty(x.shape[0], scale.shape[0])
+        return x.new_empty(*x.shape[:-1], scale.shape[0])
 
     @torch.library.register_fake("linnet_kernels::bf16_linear")
     def _(x, w, b):

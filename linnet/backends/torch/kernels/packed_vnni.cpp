@@ -207,15 +207,18 @@ void run_rows(const Problem& p, const Quantized& x) {
 
 at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
                                const at::Tensor& scale, const c10::optional<at::Tensor>& offset) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale");
   TORCH_CHECK(codes.is_contiguous() && codes.dim() == 2, "codes");
   const int64_t rows = scale.size(0), cols = scale.size(1) * kGroup;
-  TORCH_CHECK(x.size(1) == cols && codes.size(0) == rows, "shapes");
-  at::Tensor y = at::empty({x.size(0), rows}, x.options());
-  const Quantized xq = quantize_x(x.data_ptr<float>(), x.size(0), cols);
+  TORCH_CHECK(x.size(-1) == cols && codes.size(0) == rows, "shapes");
+  const int64_t batch = x.numel() / cols;  // x (..., cols) -> y (..., rows)
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = rows;
+  at::Tensor y = at::empty(shape, x.options());
+  const Quantized xq = quantize_x(x.data_ptr<float>(), batch, cols);
   Problem p{codes.data_ptr(), scale.data_ptr<float>(), nullptr, y.data_ptr<float>(),
-            x.size(0), rows, cols};
+            batch, rows, cols};
   if (codes.scalar_type() == at::kChar) {
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
     run_rows<Q8>(p, xq);
