@@ -1,24 +1,23 @@
-"""`numerics="fast"` for ONNX exports: the MatMul weights as int8 (onnxruntime's dynamic
+"""`numerics="fast"` for ONNX exports: MatMul weights as int8 (onnxruntime's dynamic
 quantization), activations quantized per call, as CTranslate2's int8 compute type does.
 
     model = linnet.onnx.load("whisper-onnx/", numerics="fast")
 
 Every entry but `decode` is quantized: a decode step's logits pick each greedy token, and on
 a whisper-tiny-shaped random checkpoint int8 decoder layers moved the first step's logits past
-its top-2 gap (7e-4) while saving 6% of a step (the vocabulary projection, most of a step's
-work, kept f32; quantized too, 35% of a step, and the first token changed). So the encoder
-side (Whisper's `encode`, an encoder's `embed`, `forward`) runs int8 and decoding f32.
+its top-2 gap (7e-4) while saving 6% of a step with the vocabulary projection kept f32 (35%
+with it quantized too, and the first token changed). So the encoder side (Whisper's `encode`,
+an encoder's `embed`, `forward`) runs int8 and decoding f32.
 
-Each quantized entry's graph is first optimized by onnxruntime at the basic level and saved (a weight
-read through a Transpose becomes a constant MatMul input, which the quantizer needs), then
-`quantize_dynamic` makes every MatMul with a constant weight a MatMulInteger over int8 weights
-with one scale per output column (`per_channel`). Attention's MatMuls (no constant input),
-convolutions, norms and embedding lookups stay f32, and so does the projection to the
-vocabulary (a weight `vocab` columns wide): the logits decide greedy tokens, and the per-call
-scale of the activations ONNX Runtime quantizes with (one for the whole tensor) moves them by
-more than a random checkpoint's top-2 gap (measured on a whisper-tiny-shaped one: 7e-4). The quantized folder is made once into
-`$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused. The error this costs is
-bounded per model by its tests (docs/speech.md for Whisper), not by the f32 parity bounds.
+Each quantized entry's graph is first optimized by onnxruntime at the basic level and saved
+(a weight read through a Transpose becomes a constant MatMul input, which the quantizer
+needs), then `quantize_dynamic` makes every MatMul with a constant weight a MatMulInteger
+over int8 weights with one scale per output column (`per_channel`). Attention's MatMuls (no
+constant input), convolutions, norms and embedding lookups stay f32, and so does a projection
+to the vocabulary (a weight `vocab` columns wide: `forward`'s logits). The quantized folder
+is made once into `$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused. The
+error this costs is bounded per model by its tests (docs/speech.md for Whisper), not by the
+f32 parity bounds.
 """
 
 from __future__ import annotations
