@@ -124,7 +124,8 @@ def cut_at_end(tokens) -> list[int]:
 
 
 # -- the methods: each returns (setup seconds, a call samples -> tokens) ----------------------
-def linnet_method(folder: Path, backend: str, mode: str | None, new_tokens: int):
+def linnet_method(folder: Path, backend: str, mode: str | None, new_tokens: int,
+                  numerics: str = "equivalent"):  # fmt: skip
     from linnet.speech import transcribe
 
     t0 = time.perf_counter()
@@ -140,7 +141,8 @@ def linnet_method(folder: Path, backend: str, mode: str | None, new_tokens: int)
         import linnet.onnx
 
         out = Path(tempfile.mkdtemp(dir=SCRATCH)) / "onnx"
-        model = linnet.onnx.load(linnet.onnx.export(folder, out, progress=False))
+        export = linnet.onnx.export(folder, out, progress=False)
+        model = linnet.onnx.load(export, numerics=numerics)
 
     def run(samples):
         result = transcribe(model, samples, language="en", task="transcribe",
@@ -203,6 +205,8 @@ METHODS = {
     "linnet/compile": lambda f, n: linnet_method(f, "torch", "compile", n),
     "linnet/jax": lambda f, n: linnet_method(f, "jax", None, n),
     "linnet/onnx": lambda f, n: linnet_method(f, "onnx", None, n),
+    # int8 encoder linears, f32 decoding (linnet/onnx_fast.py)
+    "linnet/onnx-fast": lambda f, n: linnet_method(f, "onnx", None, n, "fast"),
     "transformers/eager": lambda f, n: transformers_method(f, False, n),
     "transformers/compile": lambda f, n: transformers_method(f, True, n),
     "ctranslate2/f32": lambda f, n: ctranslate2_method(f, "float32", n),
@@ -218,17 +222,19 @@ def measure(name: str, folder: Path, samples, new_tokens: int, repeats: int) -> 
         t0 = time.perf_counter()
         tokens = run(samples)
         first = time.perf_counter() - t0
-        times = []
+        times, cpu = [], []  # cpu: the process's CPU seconds (all its threads), less load-bound
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             again = run(samples)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             if again != tokens:
                 raise RuntimeError("tokens changed between calls")
     except Exception as err:  # a method that fails is a row with its error, not a crash
         return {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc(limit=3)}
     return dict(setup_s=setup_s, first_call_s=first, best_s=min(times),
-                median_s=statistics.median(times), tokens=tokens)  # fmt: skip
+                median_s=statistics.median(times), cpu_median_s=statistics.median(cpu),
+                tokens=tokens)  # fmt: skip
 
 
 def compare(results: dict, audio_s: float) -> None:

@@ -44,7 +44,8 @@ def _load_linnet(name: str, folder: Path, scratch: Path):
     import linnet.onnx
 
     out = Path(tempfile.mkdtemp(dir=scratch)) / "onnx"
-    return linnet.onnx.load(linnet.onnx.export(folder, out, progress=False))
+    numerics = "fast" if backend == "onnx-fast" else "equivalent"
+    return linnet.onnx.load(linnet.onnx.export(folder, out, progress=False), numerics=numerics)
 
 
 def linnet_parts(name, folder, samples, prompt, new_tokens, repeats, scratch) -> dict:

@@ -60,10 +60,13 @@ def export(
         weights.close()
 
 
-def load(path: str | Path, *, providers=None, threads: int | None = None) -> OnnxModel:
+def load(
+    path: str | Path, *, providers=None, threads: int | None = None, numerics: str = "equivalent"
+) -> OnnxModel:
     """An exported folder on onnxruntime; an HF checkpoint folder or a `.gguf` file is
     exported into the cache first (once). providers: onnxruntime execution providers
-    (default CPU); threads: intra-op threads (default: onnxruntime's choice)."""
+    (default CPU); threads: intra-op threads (default: onnxruntime's choice); numerics:
+    "equivalent" (the export as written) or "fast" (int8 MatMul weights, linnet/onnx_fast.py)."""
     import onnxruntime as ort
 
     folder = Path(path)
@@ -71,6 +74,12 @@ def load(path: str | Path, *, providers=None, threads: int | None = None) -> Onn
         folder.suffix == ".gguf" or (folder / "config.json").is_file()
     ):
         folder = onnx_folder_for(folder)
+    if numerics not in ("equivalent", "fast"):
+        raise LinnetError(f"numerics must be 'equivalent' or 'fast', not {numerics!r}")
+    if numerics == "fast" and (folder / "linnet.json").is_file():
+        from linnet.onnx_fast import fast_folder
+
+        folder = fast_folder(folder)
     sig_path = folder / "linnet.json"
     if not sig_path.is_file():
         raise LinnetError(f"{folder}: no linnet.json; is this a `linnet export onnx` folder?")
@@ -91,7 +100,9 @@ def load(path: str | Path, *, providers=None, threads: int | None = None) -> Onn
                 hint = " (onnxruntime's CPU kernels lack bf16: export f32 or f16, or use a GPU)"
             where = folder / entry["file"]
             raise LinnetError(f"{where}: onnxruntime cannot load it{hint}: {e}") from None
-    return OnnxModel(signature, sessions)
+    model = OnnxModel(signature, sessions)
+    model.export_folder = folder  # the folder run (numerics="fast": the int8 copy)
+    return model
 
 
 class OnnxModel(Model):

@@ -104,7 +104,8 @@ def _whole(tokens, is_stamp, begin, offset_s, window_frames) -> Segment:
     """No pair closed: the whole window is one segment, ending at its last timestamp (unless
     that is <|0.00|>) or at the window's end."""
     stamps = [t for t, s in zip(tokens, is_stamp) if s]
-    end_pos = int(window_frames * FRAME_S / TIME_PRECISION)
+    # In f32, as transformers computes it on a tensor (f64 truncates 146 of 3000 counts lower).
+    end_pos = int(np.float32(window_frames) * np.float32(FRAME_S) / np.float32(TIME_PRECISION))
     if stamps and stamps[-1] != begin:
         end_pos = stamps[-1] - begin
     return Segment(offset_s, offset_s + end_pos * TIME_PRECISION, list(tokens))

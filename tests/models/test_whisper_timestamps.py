@@ -95,6 +95,17 @@ def test_onnx_segments_equal_generate(stamped, tmp_path):
     assert_same_segments(got, hf_segments(folder, hf, samples, language="en"))
 
 
+@pytest.mark.parametrize("kw", [dict(language="en"), dict()])
+def test_jax_segments_equal_generate(stamped, kw):
+    """JAX: long audio (seeking, language given and detected) gives transformers' segments."""
+    import linnet.jax as lj
+
+    folder, hf, _ = stamped
+    model = lj.load(folder)
+    samples = audio(2.5, 8)
+    assert_same_segments(ours(model, samples, **kw), hf_segments(folder, hf, samples, **kw))
+
+
 def test_first_token_is_an_early_timestamp(stamped):
     """The first generated token is a timestamp no later than max_initial_timestamp_index,
     and the prompt holds no no-timestamps token."""

@@ -1,0 +1,114 @@
+"""Whisper on ONNX Runtime with `numerics="fast"` (linnet/onnx_fast.py): the encoder's linears
+as int8 MatMuls (dynamic quantization, one weight scale per output column), decoding f32.
+
+The bound for the fast numerics: greedy tokens identical to transformers' f32 `generate`
+(32 steps, both tiny configurations; and on a checkpoint of whisper-tiny's shape with
+transformers' random init, speech from espeak-ng, the checkpoint's rules: slow), and the
+encoder output within FAST_ENCODER_REL of transformers' (max |Δ| over the output's largest
+magnitude; measured 1.2e-2 on the whisper-tiny-shaped checkpoint). The f32 default stays
+within 1e-4 (tests/models/test_whisper.py, test_whisper_onnx.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+import linnet.onnx  # noqa: E402
+from linnet.errors import LinnetError  # noqa: E402
+from tests.numeric import assert_within  # noqa: E402
+from tests.tiny_whisper import (  # noqa: E402
+    WHISPER_CONFIGS,
+    build_tiny_whisper,
+    reference_model,
+    whisper_mel,
+)
+
+STEPS = 32
+#: max |Δ| / max |reference| of the int8 encoder's output.
+FAST_ENCODER_REL = 0.05
+INT8_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+
+
+@pytest.fixture(scope="module", params=sorted(WHISPER_CONFIGS))
+def fast(request, tmp_path_factory):
+    """(name, export folder, fast model, mel, prompt, transformers' outputs)."""
+    name = request.param
+    root = tmp_path_factory.mktemp(f"whisper-fast-{name}")
+    folder = build_tiny_whisper(name, root)
+    out = linnet.onnx.export(folder, root / "onnx", progress=False)
+    model = linnet.onnx.load(out, numerics="fast")
+    hf = reference_model(folder, rules=False)
+    mel = whisper_mel(folder)
+    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
+    prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
+    with torch.no_grad():
+        ref = dict(
+            encoder=hf.model.encoder(mel).last_hidden_state.numpy(),
+            tokens=hf.generate(
+                input_features=mel, decoder_input_ids=prompt, max_new_tokens=STEPS,
+                do_sample=False, eos_token_id=None,
+            ).numpy(),
+        )  # fmt: skip
+    return name, out, model, mel.numpy(), prompt.numpy(), ref
+
+
+def _ops(path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+def test_encoder_linears_are_int8_and_decoding_is_not(fast):
+    """Every linear of `encode` (q, k, v, o, fc, proj per encoder layer; each decoder layer's
+    cross keys and values) reads int8 weights; `decode` keeps f32 MatMuls only; the export
+    itself is unchanged."""
+    name, out, model, *_ = fast
+    config = WHISPER_CONFIGS[name]
+    encode = _ops(model.export_folder / "encode.onnx")
+    linears = 6 * config["encoder_layers"] + 2 * config["decoder_layers"]
+    assert sum(op in INT8_OPS for op in encode) == linears
+    assert not INT8_OPS & set(_ops(model.export_folder / "decode.onnx"))
+    assert not INT8_OPS & set(_ops(out / "encode.onnx"))
+
+
+def test_fast_greedy_tokens_equal_generate(fast):
+    name, _, model, mel, prompt, ref = fast
+    encoder = model.encode(mel)
+    rel = float(np.abs(encoder - ref["encoder"]).max() / np.abs(ref["encoder"]).max())
+    assert_within(rel, FAST_ENCODER_REL)
+    assert rel > 1e-4  # int8 ran: the f32 export is within 1e-4 of this reference
+    tokens = np.asarray(model.generate(mel, prompt, STEPS))
+    np.testing.assert_array_equal(tokens[:, -STEPS:], ref["tokens"][:, -STEPS:], err_msg=name)
+
+
+def test_equivalent_numerics_are_the_export(fast):
+    _, out, _, *_ = fast
+    assert linnet.onnx.load(out).export_folder == out.resolve()
+    with pytest.raises(LinnetError, match="numerics"):
+        linnet.onnx.load(out, numerics="int8")
+
+
+@pytest.mark.slow
+def test_fast_tokens_on_a_whisper_tiny_shaped_checkpoint(tmp_path):
+    """bench/whisper.py's comparison: espeak-ng speech, the checkpoint's rules, 32 tokens on a
+    checkpoint of whisper-tiny's shape (transformers' random init, its first step's top-2 gap
+    7e-4): ONNX Runtime fast gives transformers eager's tokens."""
+    out = tmp_path / "bench.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "whisper.py"
+    cmd = [sys.executable, str(bench), "--only", "transformers/eager", "--only",
+           "linnet/onnx-fast", "--repeats", "1", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    fast, eager = results["linnet/onnx-fast"], results["transformers/eager"]
+    assert "error" not in fast and "error" not in eager, (fast, eager)
+    assert len(eager["tokens"]) == 32
+    assert fast["tokens"] == eager["tokens"]
