@@ -229,6 +229,8 @@ def attention_ref(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks
     b, h, s, d = q.shape
     kv, t = k.shape[1], k.shape[2]
     g = h // kv
+    if b > 1:  # rows of a cache slice are strided: batched bf16 matmuls over them are slow
+        k, v = k.contiguous(), v.contiguous()
     rows = q.reshape(b, kv, g * s, d)  # (B, KV, G*S, D)
     scores = torch.matmul(rows, k.transpose(-1, -2))  # (B, KV, G*S, T)
     scores = (scores * (scale if scale is not None else 1.0 / math.sqrt(d))).float()
