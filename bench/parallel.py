@@ -64,8 +64,29 @@ def placement_options(ckpt: str, placement: str) -> dict:
     return dict(max_device_bytes=fixed + sum(sorted(layers.values())[-2:]))
 
 
+def _timed(fn) -> tuple[float, float]:
+    """(wall s, this process's CPU s: every thread, OpenMP's and gloo's included)."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def _decode_steps(model, tokens: int) -> list[tuple[float, float]]:
+    import torch
+
+    ids = torch.arange(1, 17).reshape(1, 16)
+    model.reset()
+    box = [model.decode(ids, 0)]
+    steps = []
+    for at in range(16, 16 + tokens):
+        nxt = box[0].argmax(-1, keepdim=True)
+        steps.append(_timed(lambda n=nxt, a=at: box.__setitem__(0, model.decode(n, a))))
+    return steps
+
+
 def worker(ckpt: str, tokens: int, threads: int, world: int, placement: str = "none") -> None:
-    """One process (a rank when world > 1): times each decode step, rank 0 prints JSON."""
+    """One process (a rank when world > 1): times a 64-token forward (3 runs) and each decode
+    step; every rank prints one JSON line (its rank, its params, its peak RSS)."""
     import torch
 
     import linnet.torch
@@ -77,28 +98,27 @@ def worker(ckpt: str, tokens: int, threads: int, world: int, placement: str = "n
     model = linnet.torch.load(ckpt, dtype="f32", mode="generated", max_positions=128,
                               tensor_parallel=tp, **options)  # fmt: skip
     load_s = time.perf_counter() - t0
-    ids = torch.arange(1, 17).reshape(1, 16)
-    model.reset()
-    logits = model.decode(ids, 0)
-    steps, at = [], 16
-    for _ in range(tokens):
-        nxt = logits.argmax(-1, keepdim=True)
-        t = time.perf_counter()
-        logits = model.decode(nxt, at)
-        steps.append(time.perf_counter() - t)
-        at += 1
-    params = sum(t.numel() * t.element_size() for t in model.params.values())
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    prompt = torch.arange(1, 65).reshape(1, 64) % 100 + 1
+    forwards = [_timed(lambda: model.forward(prompt)) for _ in range(3)]
+    steps = _decode_steps(model, tokens)
     where = getattr(model, "placement", None)
-    if getattr(model, "rank", 0) == 0:
-        print(json.dumps({"load_s": load_s, "step_ms_median": 1e3 * statistics.median(steps),
-                          "step_ms_all": [round(1e3 * s, 2) for s in steps],
-                          "param_bytes_rank0": params, "peak_rss_mb_rank0": peak_mb,
-                          "placement": placement, **options,
-                          "described": where.describe() if where else None}))  # fmt: skip
+    print(json.dumps({
+        "rank": getattr(model, "rank", 0), "load_s": load_s,
+        "forward64_ms_median": 1e3 * statistics.median(w for w, _ in forwards),
+        "forward64_cpu_ms_median": 1e3 * statistics.median(c for _, c in forwards),
+        "step_ms_median": 1e3 * statistics.median(w for w, _ in steps),
+        "step_cpu_ms_median": 1e3 * statistics.median(c for _, c in steps),
+        "step_ms_all": [round(1e3 * w, 2) for w, _ in steps],
+        "param_bytes": sum(t.numel() * t.element_size() for t in model.params.values()),
+        "peak_rss_mb_after_load": rss_after_load,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "placement": placement, **options,
+        "described": where.describe() if where else None}))  # fmt: skip
 
 
 def launch(ckpt: Path, tokens: int, world: int, placement: str = "none") -> dict:
+    """Rank 0's figures, with every rank's params and peak RSS under `ranks`."""
     threads = 2 if world == 1 else 1
     cmd = [sys.executable, __file__, "--worker", str(ckpt), "--tokens", str(tokens),
            "--threads", str(threads), "--world", str(world), "--placement", placement]  # fmt: skip
@@ -106,9 +126,14 @@ def launch(ckpt: Path, tokens: int, world: int, placement: str = "none") -> dict
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", "29517", *cmd[1:]]  # fmt: skip
+    load = os.getloadavg()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-    line = [x for x in done.stdout.splitlines() if x.startswith("{")][-1]
-    return dict(json.loads(line), processes=world, threads_each=threads)
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    lines.sort(key=lambda r: r["rank"])
+    ranks = [{k: r[k] for k in ("rank", "param_bytes", "peak_rss_mb_after_load", "peak_rss_mb")}
+             for r in lines]  # fmt: skip
+    return dict(lines[0], processes=world, threads_each=threads, ranks=ranks,
+                checkpoint=ckpt.name, load_before=load, load_after=os.getloadavg())  # fmt: skip
 
 
 def main() -> None:
@@ -116,6 +141,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default="bench/results/checks/parallel.json")
+    ap.add_argument(
+        "--smollm2",
+        default=None,
+        help="also SmolLM2-135M's f32 folder: tp 1 and tp 3 (9 heads do not split in 2)",
+    )
     ap.add_argument("--worker", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", type=int, default=1)
@@ -134,15 +164,23 @@ def main() -> None:
         record["rows"] = [launch(ckpt, args.tokens, 1, p) for p in ("none", "pipeline", "offload")]
     else:
         record["rows"] = [launch(ckpt, args.tokens, 1), launch(ckpt, args.tokens, 2)]
+        if args.smollm2:
+            smol = Path(args.smollm2)
+            record["rows"] += [launch(smol, args.tokens, 1), launch(smol, args.tokens, 3)]
     record["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     for row in record["rows"]:
-        mb = row["param_bytes_rank0"] / 1e6
-        print(f"tp {row['processes']} x {row['threads_each']} thread(s), "
+        memory = ", ".join(
+            f"rank {r['rank']} params {r['param_bytes'] / 1e6:.0f} MB "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB"
+            for r in row["ranks"]
+        )
+        print(f"{row['checkpoint']} tp {row['processes']} x {row['threads_each']} thread(s), "
               f"placement {row.get('placement', 'none')}: "
-              f"{row['step_ms_median']:.1f} ms/token, rank 0 params {mb:.0f} MB, "
-              f"peak RSS {row['peak_rss_mb_rank0']:.0f} MB")  # fmt: skip
+              f"forward(64) {row['forward64_ms_median']:.1f} ms, "
+              f"decode {row['step_ms_median']:.1f} ms/token "
+              f"(cpu {row['step_cpu_ms_median']:.1f} ms); {memory}")  # fmt: skip
 
 
 if __name__ == "__main__":
