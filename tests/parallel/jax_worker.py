@@ -91,7 +91,8 @@ def main() -> int:
     report = {"devices": len(jax.devices()), "world": world, "runs": {}}
     for ck in cks:
         report["runs"][ck] = one_checkpoint(ck, mesh)
-    report["rows"] = rows_on_mesh(cks[0], world)
+    if "decode_rows" in linnet.jax.load(cks[0], dtype="f32", max_positions=8).entries:
+        report["rows"] = rows_on_mesh(cks[0], world)
     report["refused"] = refusals(cks[0], world)
     with open(out, "w") as f:
         json.dump(report, f)

@@ -74,3 +74,22 @@ def test_jax_server_over_two_devices_answers_concurrent_requests_as_transformers
     assert got == want, log
     assert again == want[0], log
     assert code == 0, log
+
+
+def test_linnet_run_jax_tensor_parallel_prints_the_single_device_text(served_folder):  # noqa: F811
+    args = [sys.executable, "-m", "linnet", "run", str(served_folder), "--backend", "jax",
+            "--no-chat", "--prompt", "w5 w9 w11", "--max-new-tokens", "5",
+            "--dtype", "f32"]  # fmt: skip
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    one = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    two = subprocess.run(
+        [*args, "--tensor-parallel", "2"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert "tensor parallel 2 over 2" in two.stderr, two.stderr
+    assert two.stdout.strip() == one.stdout.strip() and one.stdout.strip()
+    few = subprocess.run(
+        [*args, "--tensor-parallel", "4"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert few.returncode != 0
+    assert "needs 4 devices, found 2" in few.stderr, few.stderr

@@ -73,6 +73,19 @@ def test_bad_meshes_are_refused_with_a_clear_error(jax_run):
     assert "xla_force_host_platform_device_count=5" in said["too_few_devices"]
 
 
+def test_gpt_oss_two_devices_match_one(tmp_path):
+    """GPT-OSS: sinks and experts replicated, the lm_head split; XLA partitions the rest."""
+    from tests.tiny_gpt_oss import build_gpt_oss
+
+    ck = str(build_gpt_oss("spread", tmp_path))
+    run = run_worker(tmp_path / "report.json", 2, 2, [ck], timeout=1800)["runs"][ck]
+    assert run["finite"]
+    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
+    assert run["tokens_two"] == run["tokens_one"]
+    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
+    assert run["shards"]["lm_head"] == [[128, 64], [128, 64]]  # vocab-parallel
+
+
 @pytest.mark.slow
 def test_smollm2_real_weights_over_three_devices(smollm2_checkpoint, tmp_path):
     """SmolLM2-135M: 9 heads and 3 KV heads over a mesh of three (two do not divide 9)."""

@@ -135,7 +135,32 @@ def tp_run(tiny_dir, tmp_path_factory):
 @pytest.mark.parametrize("index", range(len(CHECKPOINTS)), ids=[f"{a}-{v}" for a, v in CHECKPOINTS])
 def test_two_ranks_match_one(tp_run, index, mode):
     cks, out, reports, job = tp_run
-    ck = cks[index]
+    _matches_one_process(cks[index], mode, out, reports, job)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_run(tmp_path_factory):
+    """GPT-OSS (sinks, experts: whole on every rank; its lm_head vocab-parallel) on two ranks."""
+    from tests.tiny_gpt_oss import build_gpt_oss
+
+    ck = build_gpt_oss("spread", tmp_path_factory.mktemp("tp-gpt-oss"))
+    out = tmp_path_factory.mktemp("tp-gpt-oss-out")
+    job = dict(checkpoints=[str(ck)], modes=MODES, new_tokens=NEW_TOKENS)
+    job["ids"] = probe_ids(256).tolist()
+    codes, reports, logs = run_ranks(2, out, job)
+    assert codes == [0, 0], "\n".join(logs)
+    return ck, out, reports, job
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt_oss_two_ranks_match_one(gpt_oss_run, mode):
+    ck, out, reports, job = gpt_oss_run
+    _matches_one_process(ck, mode, out, reports, job)
+
+
+def _matches_one_process(ck, mode, out, reports, job) -> None:
+    """Rank 0's logits within 1e-5 of the largest single-process logit; every rank's greedy
+    tokens the single process's, which are transformers'."""
     ids = torch.tensor(job["ids"])
     single = linnet.torch.load(ck, dtype="f32", mode=mode)
     want = single.forward(ids)
