@@ -1,14 +1,19 @@
-"""Decode on one process with two threads against two tensor-parallel processes with one
-thread each (issue 19), on a random checkpoint shaped like TinyLlama's layers.
+"""Forward and decode on one process with two threads against tensor-parallel processes with
+one thread each (issue 19), on a random checkpoint shaped like TinyLlama's layers and on
+SmolLM2-135M's real weights.
 
-    python bench/parallel.py [--layers 2] [--tokens 32] [--out bench/results/checks/parallel.json]
+    python bench/parallel.py [--layers 2] [--tokens 32] [--smollm2 FOLDER] [--out ...json]
+    python bench/parallel.py --one-thread [--smollm2 FOLDER] --out ...   # 1 process, 1 thread
+    python bench/parallel.py --placed --layers 3 --tokens 16 --out ...   # layers / offload
 
 TinyLlama-1.1B's shapes (dim 2048, 32 heads, 4 KV heads, ffn 5632, vocab 32000) with fewer
-layers (`--layers`, default 2: the 22 of the real model need 4.4 GB of f32 per process).
-Greedy decode of `--tokens` tokens after a 16-token prompt; per-token wall time, the median
-of the steps. Each configuration runs in processes of its own (`tp 1`: one, 2 threads;
-`tp 2`: two, 1 thread each, gloo); rank 0 reports. The record says the load average: on a
-shared machine the figures measure the neighbours too.
+layers (`--layers`, default 2: the 22 of the real model need 4.4 GB of f32 per process); tp 1
+and tp 2. SmolLM2 (9 heads, 3 KV heads: two ranks do not divide them): tp 1 and tp 3. Each
+row: a 64-token forward (median of 3) and greedy decode of `--tokens` tokens after a 16-token
+prompt (median step), wall time and the process's CPU time (every thread); every rank's
+param bytes and peak RSS (`ru_maxrss`, after load and at the end). Each configuration runs in
+processes of its own (gloo between ranks). The record says the load average before and after
+each row: on a shared machine the figures measure the neighbours too.
 """
 
 from __future__ import annotations
@@ -117,9 +122,12 @@ def worker(ckpt: str, tokens: int, threads: int, world: int, placement: str = "n
         "described": where.describe() if where else None}))  # fmt: skip
 
 
-def launch(ckpt: Path, tokens: int, world: int, placement: str = "none") -> dict:
-    """Rank 0's figures, with every rank's params and peak RSS under `ranks`."""
-    threads = 2 if world == 1 else 1
+def launch(
+    ckpt: Path, tokens: int, world: int, placement: str = "none", threads: int | None = None
+) -> dict:
+    """Rank 0's figures, with every rank's params and peak RSS under `ranks`; `threads` per
+    process (default: 2 for one process, 1 for each rank)."""
+    threads = threads or (2 if world == 1 else 1)
     cmd = [sys.executable, __file__, "--worker", str(ckpt), "--tokens", str(tokens),
            "--threads", str(threads), "--world", str(world), "--placement", placement]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -149,6 +157,12 @@ def main() -> None:
     ap.add_argument("--worker", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", type=int, default=1)
+    ap.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="only one process with one thread per checkpoint (the baseline that two-thread "
+        "rows lose to OpenMP barriers under load)",
+    )
     ap.add_argument("--placement", default="none", choices=["none", "pipeline", "offload"])
     ap.add_argument("--placed", action="store_true",
                     help="rows of one process (2 threads): whole, layers over cpu,cpu, "
@@ -160,7 +174,10 @@ def main() -> None:
     ckpt = build(folder, args.layers)
     record = dict(provenance(), machine=machine(), shape=dict(SHAPE, layers=args.layers))
     record["load_before"] = os.getloadavg()
-    if args.placed:
+    if args.one_thread:
+        cks = [ckpt] + ([Path(args.smollm2)] if args.smollm2 else [])
+        record["rows"] = [launch(c, args.tokens, 1, threads=1) for c in cks]
+    elif args.placed:
         record["rows"] = [launch(ckpt, args.tokens, 1, p) for p in ("none", "pipeline", "offload")]
     else:
         record["rows"] = [launch(ckpt, args.tokens, 1), launch(ckpt, args.tokens, 2)]
