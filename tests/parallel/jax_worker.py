@@ -50,6 +50,7 @@ def rows_on_mesh(ck: str, world: int) -> dict:
     three prompts prefilled into rows 0-2, then four steps of all three."""
     one = linnet.jax.load(ck, dtype="f32", max_positions=64).rows(3)
     sharded = load_on_mesh(ck, world, dtype="f32", max_positions=64).rows(3)
+    at_start = {k: str(getattr(v.sharding, "spec", v.sharding)) for k, v in sharded.state.items()}
     diffs, largest = [], 0.0
     prompts = [IDS[0, :7].tolist(), IDS[1, :3].tolist(), IDS[0, 2:].tolist()]
     for rows in (one, sharded):
@@ -63,6 +64,7 @@ def rows_on_mesh(ck: str, world: int) -> dict:
         "max_abs_diff": max(diffs),
         "max_abs_logit": largest,
         "state_specs": {k: str(v.sharding.spec) for k, v in sharded.state.items()},
+        "state_specs_at_start": at_start,
     }
 
 
