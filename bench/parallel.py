@@ -1,14 +1,19 @@
-"""Decode on one process with two threads against two tensor-parallel processes with one
-thread each (issue 19), on a random checkpoint shaped like TinyLlama's layers.
+"""Forward and decode on one process with two threads against tensor-parallel processes with
+one thread each (issue 19), on a random checkpoint shaped like TinyLlama's layers and on
+SmolLM2-135M's real weights.
 
-    python bench/parallel.py [--layers 2] [--tokens 32] [--out bench/results/checks/parallel.json]
+    python bench/parallel.py [--layers 2] [--tokens 32] [--smollm2 FOLDER] [--out ...json]
+    python bench/parallel.py --one-thread [--smollm2 FOLDER] --out ...   # 1 process, 1 thread
+    python bench/parallel.py --placed --layers 3 --tokens 16 --out ...   # layers / offload
 
 TinyLlama-1.1B's shapes (dim 2048, 32 heads, 4 KV heads, ffn 5632, vocab 32000) with fewer
-layers (`--layers`, default 2: the 22 of the real model need 4.4 GB of f32 per process).
-Greedy decode of `--tokens` tokens after a 16-token prompt; per-token wall time, the median
-of the steps. Each configuration runs in processes of its own (`tp 1`: one, 2 threads;
-`tp 2`: two, 1 thread each, gloo); rank 0 reports. The record says the load average: on a
-shared machine the figures measure the neighbours too.
+layers (`--layers`, default 2: the 22 of the real model need 4.4 GB of f32 per process); tp 1
+and tp 2. SmolLM2 (9 heads, 3 KV heads: two ranks do not divide them): tp 1 and tp 3. Each
+row: a 64-token forward (median of 3) and greedy decode of `--tokens` tokens after a 16-token
+prompt (median step), wall time and the process's CPU time (every thread); every rank's
+param bytes and peak RSS (`ru_maxrss`, after load and at the end). Each configuration runs in
+processes of its own (gloo between ranks). The record says the load average before and after
+each row: on a shared machine the figures measure the neighbours too.
 """
 
 from __future__ import annotations
@@ -64,8 +69,29 @@ def placement_options(ckpt: str, placement: str) -> dict:
     return dict(max_device_bytes=fixed + sum(sorted(layers.values())[-2:]))
 
 
+def _timed(fn) -> tuple[float, float]:
+    """(wall s, this process's CPU s: every thread, OpenMP's and gloo's included)."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def _decode_steps(model, tokens: int) -> list[tuple[float, float]]:
+    import torch
+
+    ids = torch.arange(1, 17).reshape(1, 16)
+    model.reset()
+    box = [model.decode(ids, 0)]
+    steps = []
+    for at in range(16, 16 + tokens):
+        nxt = box[0].argmax(-1, keepdim=True)
+        steps.append(_timed(lambda n=nxt, a=at: box.__setitem__(0, model.decode(n, a))))
+    return steps
+
+
 def worker(ckpt: str, tokens: int, threads: int, world: int, placement: str = "none") -> None:
-    """One process (a rank when world > 1): times each decode step, rank 0 prints JSON."""
+    """One process (a rank when world > 1): times a 64-token forward (3 runs) and each decode
+    step; every rank prints one JSON line (its rank, its params, its peak RSS)."""
     import torch
 
     import linnet.torch
@@ -77,38 +103,45 @@ def worker(ckpt: str, tokens: int, threads: int, world: int, placement: str = "n
     model = linnet.torch.load(ckpt, dtype="f32", mode="generated", max_positions=128,
                               tensor_parallel=tp, **options)  # fmt: skip
     load_s = time.perf_counter() - t0
-    ids = torch.arange(1, 17).reshape(1, 16)
-    model.reset()
-    logits = model.decode(ids, 0)
-    steps, at = [], 16
-    for _ in range(tokens):
-        nxt = logits.argmax(-1, keepdim=True)
-        t = time.perf_counter()
-        logits = model.decode(nxt, at)
-        steps.append(time.perf_counter() - t)
-        at += 1
-    params = sum(t.numel() * t.element_size() for t in model.params.values())
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    prompt = torch.arange(1, 65).reshape(1, 64) % 100 + 1
+    forwards = [_timed(lambda: model.forward(prompt)) for _ in range(3)]
+    steps = _decode_steps(model, tokens)
     where = getattr(model, "placement", None)
-    if getattr(model, "rank", 0) == 0:
-        print(json.dumps({"load_s": load_s, "step_ms_median": 1e3 * statistics.median(steps),
-                          "step_ms_all": [round(1e3 * s, 2) for s in steps],
-                          "param_bytes_rank0": params, "peak_rss_mb_rank0": peak_mb,
-                          "placement": placement, **options,
-                          "described": where.describe() if where else None}))  # fmt: skip
+    print(json.dumps({
+        "rank": getattr(model, "rank", 0), "load_s": load_s,
+        "forward64_ms_median": 1e3 * statistics.median(w for w, _ in forwards),
+        "forward64_cpu_ms_median": 1e3 * statistics.median(c for _, c in forwards),
+        "step_ms_median": 1e3 * statistics.median(w for w, _ in steps),
+        "step_cpu_ms_median": 1e3 * statistics.median(c for _, c in steps),
+        "step_ms_all": [round(1e3 * w, 2) for w, _ in steps],
+        "param_bytes": sum(t.numel() * t.element_size() for t in model.params.values()),
+        "peak_rss_mb_after_load": rss_after_load,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "placement": placement, **options,
+        "described": where.describe() if where else None}))  # fmt: skip
 
 
-def launch(ckpt: Path, tokens: int, world: int, placement: str = "none") -> dict:
-    threads = 2 if world == 1 else 1
+def launch(
+    ckpt: Path, tokens: int, world: int, placement: str = "none", threads: int | None = None
+) -> dict:
+    """Rank 0's figures, with every rank's params and peak RSS under `ranks`; `threads` per
+    process (default: 2 for one process, 1 for each rank)."""
+    threads = threads or (2 if world == 1 else 1)
     cmd = [sys.executable, __file__, "--worker", str(ckpt), "--tokens", str(tokens),
            "--threads", str(threads), "--world", str(world), "--placement", placement]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", "29517", *cmd[1:]]  # fmt: skip
+    load = os.getloadavg()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-    line = [x for x in done.stdout.splitlines() if x.startswith("{")][-1]
-    return dict(json.loads(line), processes=world, threads_each=threads)
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    lines.sort(key=lambda r: r["rank"])
+    ranks = [{k: r[k] for k in ("rank", "param_bytes", "peak_rss_mb_after_load", "peak_rss_mb")}
+             for r in lines]  # fmt: skip
+    return dict(lines[0], processes=world, threads_each=threads, ranks=ranks,
+                checkpoint=ckpt.name, load_before=load, load_after=os.getloadavg())  # fmt: skip
 
 
 def main() -> None:
@@ -116,9 +149,20 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", default="bench/results/checks/parallel.json")
+    ap.add_argument(
+        "--smollm2",
+        default=None,
+        help="also SmolLM2-135M's f32 folder: tp 1 and tp 3 (9 heads do not split in 2)",
+    )
     ap.add_argument("--worker", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", type=int, default=1)
+    ap.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="only one process with one thread per checkpoint (the baseline that two-thread "
+        "rows lose to OpenMP barriers under load)",
+    )
     ap.add_argument("--placement", default="none", choices=["none", "pipeline", "offload"])
     ap.add_argument("--placed", action="store_true",
                     help="rows of one process (2 threads): whole, layers over cpu,cpu, "
@@ -130,19 +174,30 @@ def main() -> None:
     ckpt = build(folder, args.layers)
     record = dict(provenance(), machine=machine(), shape=dict(SHAPE, layers=args.layers))
     record["load_before"] = os.getloadavg()
-    if args.placed:
+    if args.one_thread:
+        cks = [ckpt] + ([Path(args.smollm2)] if args.smollm2 else [])
+        record["rows"] = [launch(c, args.tokens, 1, threads=1) for c in cks]
+    elif args.placed:
         record["rows"] = [launch(ckpt, args.tokens, 1, p) for p in ("none", "pipeline", "offload")]
     else:
         record["rows"] = [launch(ckpt, args.tokens, 1), launch(ckpt, args.tokens, 2)]
+        if args.smollm2:
+            smol = Path(args.smollm2)
+            record["rows"] += [launch(smol, args.tokens, 1), launch(smol, args.tokens, 3)]
     record["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     for row in record["rows"]:
-        mb = row["param_bytes_rank0"] / 1e6
-        print(f"tp {row['processes']} x {row['threads_each']} thread(s), "
+        memory = ", ".join(
+            f"rank {r['rank']} params {r['param_bytes'] / 1e6:.0f} MB "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB"
+            for r in row["ranks"]
+        )
+        print(f"{row['checkpoint']} tp {row['processes']} x {row['threads_each']} thread(s), "
               f"placement {row.get('placement', 'none')}: "
-              f"{row['step_ms_median']:.1f} ms/token, rank 0 params {mb:.0f} MB, "
-              f"peak RSS {row['peak_rss_mb_rank0']:.0f} MB")  # fmt: skip
+              f"forward(64) {row['forward64_ms_median']:.1f} ms, "
+              f"decode {row['step_ms_median']:.1f} ms/token "
+              f"(cpu {row['step_cpu_ms_median']:.1f} ms); {memory}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,7 +94,9 @@ def _load_placed(path, devices, split, budget, *, tensor_parallel, dtype, **opti
 
     if tensor_parallel not in (None, 1) or packed_dtype(dtype) is not None:
         raise PlacementError(
-            "devices= and max_device_bytes= take neither tensor_parallel nor a packed dtype"
+            "devices= and max_device_bytes= take neither tensor_parallel nor a packed dtype: "
+            "the placement pass moves and streams dense params only (packed weights are not "
+            "moved yet) and does not split layers within a tensor-parallel rank"
         )
     ck = open_checkpoint(path, dtype=dtype, max_positions=options.pop("max_positions"))
     placement = dict(

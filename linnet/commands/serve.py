@@ -61,7 +61,7 @@ def serve(
 
     if mode is not None and backend != "torch":
         raise click.UsageError(f"--mode {mode} is PyTorch's; --backend {backend} has one mode")
-    if tensor_parallel is not None:
+    if tensor_parallel is not None and backend != "jax":  # JAX: one process over a mesh
         options = dict(rows=rows, positions=positions, max_queue=max_queue, threads=threads,
                        dtype=dtype,
                        backend=backend, mode=mode, host=host, port=port, name=name,
@@ -84,6 +84,7 @@ def serve(
             dtype=dtype,
             checkpoint=checkpoint,
             revision=revision,
+            tensor_parallel=tensor_parallel,
         )
     except OSError as err:
         click.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)

@@ -85,8 +85,8 @@ def load_model(
 ):  # fmt: skip
     """A decoder on `backend`, and the seconds loading took; `positions`: the cache length;
     `tensor_parallel`: this torchrun rank's share of N (PyTorch, docs/parallel.md)."""
-    if tensor_parallel is not None and backend != "torch":
-        raise click.UsageError("--tensor-parallel runs on --backend torch (under torchrun)")
+    if tensor_parallel is not None and backend not in ("torch", "jax"):
+        raise click.UsageError("--tensor-parallel runs on --backend torch or jax")
     if placement is not None and backend != "torch":
         raise click.UsageError("--devices and --device-budget run on --backend torch")
     if mode is not None and backend != "torch":
@@ -102,7 +102,12 @@ def load_model(
     elif backend == "jax":
         import linnet.jax
 
-        model = linnet.jax.load(checkpoint, dtype=dtype, max_positions=positions)
+        if tensor_parallel not in (None, 1):  # a mesh of that many devices, one process
+            from linnet.shard.jax_rows import load_on_mesh
+
+            model = load_on_mesh(checkpoint, tensor_parallel, dtype=dtype, max_positions=positions)
+        else:
+            model = linnet.jax.load(checkpoint, dtype=dtype, max_positions=positions)
     else:
         if dtype is not None:
             raise click.UsageError("--dtype: an ONNX export keeps the checkpoint's dtype")

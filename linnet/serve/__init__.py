@@ -51,7 +51,7 @@ def server(
 def serve(target: str, **options) -> None:
     """Serve `target` until SIGTERM or Ctrl-C (then drain and return); see `server`.
     `tensor_parallel=N` inside torchrun: rank 0 serves, the others follow (docs/parallel.md)."""
-    if options.get("tensor_parallel"):
+    if options.get("tensor_parallel") and options.get("backend") != "jax":  # JAX: one process
         from linnet.shard.tp_rows import serve_tensor_parallel
 
         return serve_tensor_parallel(target, **options)

@@ -36,7 +36,9 @@ def lowered(program: Program, mode: str) -> tuple[dict, dict]:
     """The entries as `mode` runs them, states split per layer; and the fused params."""
     if mode not in PLACED_MODES:
         raise PlacementError(
-            f"layers split across devices or streamed run modes interpret and generated, not {mode}"
+            f"layers split across devices or streamed run modes interpret and generated, not "
+            f"{mode}: the hand-overs and streamed copies are calls in the generated code, and "
+            "compiling them (torch.compile, CUDA graphs over host copies) is not built or tested"
         )
     if mode == "interpret":
         graphs, fused = {e: reference_graph(program, e) for e in program.entries}, {}

@@ -20,11 +20,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from linnet.backends.torch.quantized import allow_int8_activations
+from linnet.quantize import packed_dtype, quantize_params
 from linnet.runtime import TorchModel
 from linnet.shard.analysis import derive_plan
 from linnet.shard.layout import ShardingError
 from linnet.shard.load import rank_params
+from linnet.shard.packed import check_blocks
 from linnet.shard.rewrite import local_program
+from linnet.weights.checkpoint import is_gguf
 from linnet.weights.planning import plan_checkpoint
 
 
@@ -49,6 +53,15 @@ def init_group(world: int, device="cpu") -> int:
     return dist.get_rank()
 
 
+def _check_mode(mode: str) -> None:
+    if mode in ("compile", "cudagraphs"):
+        raise ShardingError(
+            f"tensor parallel runs modes interpret and generated, not {mode}: compiling the "
+            "rank's collectives (torch.compile over torch.distributed.all_reduce, CUDA graphs "
+            "over NCCL) is not built or tested; use mode='generated'"
+        )
+
+
 def _leave_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -59,18 +72,28 @@ def load_tensor_parallel(
     max_positions=None, mode="interpret",
 ) -> TorchModel:  # fmt: skip
     """This rank's model of a local HF checkpoint folder split over `world` ranks."""
-    if mode in ("compile", "cudagraphs"):
-        raise ShardingError(f"tensor parallel runs modes interpret and generated, not {mode}")
+    _check_mode(mode)
+    quant = packed_dtype(dtype)
+    if quant is not None and is_gguf(path):
+        raise ShardingError(
+            "tensor parallel reads its slices from safetensors headers; a .gguf file's packed "
+            f"tensors cannot be sliced: load the HF folder with dtype={quant!r}"
+        )
     plan, source, config, hf_config = plan_checkpoint(
-        path, dtype=dtype, max_positions=max_positions
+        path, dtype="f32" if quant else dtype, max_positions=max_positions
     )
     program = source.program(config)
     shard = derive_plan(program, world)  # before any collective: a bad config fails alike
+    if quant is not None:
+        check_blocks(program, shard.params, quant)
     rank = init_group(world, device)
     torch_dtype = getattr(
         torch, {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[config["act"]]
     )
     params = {n: t.to(device) for n, t in rank_params(plan, shard.params, rank, world, torch_dtype)}
+    if quant is not None:  # this rank's dense blocks, packed as one device packs the whole
+        params = quantize_params(params, quant)
+        allow_int8_activations(params, numerics)
     model = TorchModel(
         source, config, params, device=device, numerics=numerics, mode=mode,
         hf_config=hf_config, program=local_program(shard, rank),

@@ -1,7 +1,9 @@
-"""Run in a process of its own with XLA_FLAGS=--xla_force_host_platform_device_count=2
-(tests/parallel/test_jax_tp.py): each checkpoint on one device and over a two-device mesh.
+"""Run in a process of its own with XLA_FLAGS=--xla_force_host_platform_device_count=N
+(tests/parallel/test_jax_tp.py): each checkpoint on one device and over a mesh of the first
+WORLD devices; with N > WORLD a mesh of all N devices is tried on the first checkpoint
+(heads that do not divide N must be refused).
 
-    python jax_worker.py OUT.json CKPT...
+    python jax_worker.py OUT.json WORLD CKPT...
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 import linnet.jax
 from linnet.errors import LinnetError
+from linnet.shard.jax_rows import load_on_mesh
 
 IDS = np.array([[3, 7, 11, 19, 23, 5, 9, 2, 31, 40], [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]])
 
@@ -42,16 +45,57 @@ def one_checkpoint(ck: str, mesh) -> dict:
     }
 
 
+def rows_on_mesh(ck: str, world: int) -> dict:
+    """The serving rows (linnet/shard/jax_rows.py) over the mesh against one device's rows:
+    three prompts prefilled into rows 0-2, then four steps of all three."""
+    one = linnet.jax.load(ck, dtype="f32", max_positions=64).rows(3)
+    sharded = load_on_mesh(ck, world, dtype="f32", max_positions=64).rows(3)
+    at_start = {k: str(getattr(v.sharding, "spec", v.sharding)) for k, v in sharded.state.items()}
+    diffs, largest = [], 0.0
+    prompts = [IDS[0, :7].tolist(), IDS[1, :3].tolist(), IDS[0, 2:].tolist()]
+    for rows in (one, sharded):
+        rows.logits = [np.asarray(rows.prefill(r, p)) for r, p in enumerate(prompts)]
+        for step in range(4):
+            rows.logits.append(np.asarray(rows.step([0, 1, 2], [5 + step, 9, 40 + step])))
+    for want, got in zip(one.logits, sharded.logits, strict=True):
+        diffs.append(float(np.abs(got - want).max()))
+        largest = max(largest, float(np.abs(want).max()))
+    return {
+        "max_abs_diff": max(diffs),
+        "max_abs_logit": largest,
+        "state_specs": {k: str(v.sharding.spec) for k, v in sharded.state.items()},
+        "state_specs_at_start": at_start,
+    }
+
+
+def refusals(ck: str, world: int) -> dict:
+    """What bad meshes end with: the message of the error each raises."""
+    said = {}
+    attempts = {
+        "no_tp_axis": lambda: linnet.jax.load(ck, dtype="f32", mesh=jax.make_mesh((2,), ("x",))),
+        "too_few_devices": lambda: load_on_mesh(ck, len(jax.devices()) + 2, dtype="f32"),
+    }
+    if len(jax.devices()) > world:  # every device: heads that do not divide must be refused
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("tp",))
+        attempts["heads_not_divisible"] = lambda: linnet.jax.load(ck, dtype="f32", mesh=mesh)
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            said[what] = None
+        except LinnetError as e:
+            said[what] = f"{type(e).__name__}: {e}"
+    return said
+
+
 def main() -> int:
-    out, cks = sys.argv[1], sys.argv[2:]
-    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("tp",))
-    report = {"devices": len(jax.devices()), "runs": {}}
+    out, world, cks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("tp",))
+    report = {"devices": len(jax.devices()), "world": world, "runs": {}}
     for ck in cks:
         report["runs"][ck] = one_checkpoint(ck, mesh)
-    try:
-        linnet.jax.load(cks[0], dtype="f32", mesh=jax.make_mesh((2,), ("x",)))
-    except LinnetError as e:
-        report["no_tp_axis"] = str(e)
+    if "decode_rows" in linnet.jax.load(cks[0], dtype="f32", max_positions=8).entries:
+        report["rows"] = rows_on_mesh(cks[0], world)
+    report["refused"] = refusals(cks[0], world)
     with open(out, "w") as f:
         json.dump(report, f)
     return 0

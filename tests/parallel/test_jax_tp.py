@@ -12,37 +12,95 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.numeric import assert_within
-from tests.tiny_decoders import build_tiny
+from tests.parallel.jax_worker import IDS
+from tests.tiny_decoders import build_tiny, reference_greedy
 
-CHECKPOINTS = [("llama", "base"), ("llama", "kv1"), ("qwen3", "base"), ("gpt2", "base")]
+# every decoder family of zoo/llama.linnet and zoo/gpt2.linnet (the first: 8 heads, which
+# the third device of the worker's process must refuse)
+CHECKPOINTS = [
+    ("llama", "base"), ("llama", "kv1"), ("llama", "attn_bias"), ("mistral", "base"),
+    ("qwen2", "base"), ("qwen3", "base"), ("phi3", "base"), ("gpt2", "base"),
+]  # fmt: skip
 WORKER = Path(__file__).with_name("jax_worker.py")
+
+
+def run_worker(out: Path, devices: int, world: int, cks: list[str], timeout: float) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    done = subprocess.run(
+        [sys.executable, str(WORKER), str(out), str(world), *cks], env=env, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory):
+    """Three host devices: the meshes use two, the third makes a mesh heads cannot divide."""
     root = tmp_path_factory.mktemp("jax-tp")
     cks = [str(build_tiny(a, v, out_dir=root)) for a, v in CHECKPOINTS]
-    out = root / "report.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    done = subprocess.run(
-        [sys.executable, str(WORKER), str(out), *cks], env=env, capture_output=True, text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return cks, json.loads(out.read_text())
+    return cks, run_worker(root / "report.json", 3, 2, cks, timeout=1800)
 
 
 @pytest.mark.parametrize("index", range(len(CHECKPOINTS)), ids=[f"{a}-{v}" for a, v in CHECKPOINTS])
 def test_two_devices_match_one(jax_run, index):
     cks, report = jax_run
-    assert report["devices"] == 2
+    assert report["world"] == 2
     run = report["runs"][cks[index]]
     assert run["finite"]
     assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
     assert run["tokens_two"] == run["tokens_one"]
+    ids = torch.tensor(IDS)
+    assert run["tokens_one"] == reference_greedy(cks[index], ids, 6).tolist()
     assert run["all_reduce_in_hlo"]  # XLA partitioned the program: not two full copies
+
+
+def test_serving_rows_over_the_mesh_match_one_device_and_keep_the_cache_split(jax_run):
+    rows = jax_run[1]["rows"]  # tiny Llama, 3 rows: prefills then steps of all three
+    assert_within(rows["max_abs_diff"], 1e-5 * rows["max_abs_logit"])
+    kv_heads_split = "P(None, None, None, 'tp'"  # [layers, 2, B, n_kv, N, head_dim]
+    assert rows["state_specs"]["kv"].startswith(kv_heads_split)
+    # placed so from the start (jit would split it after the first step anyway, but the first
+    # prefill would then hold the whole cache on every device)
+    assert rows["state_specs_at_start"]["kv"].startswith(kv_heads_split)
+
+
+def test_bad_meshes_are_refused_with_a_clear_error(jax_run):
+    said = jax_run[1]["refused"]
+    assert "axis named 'tp'" in said["no_tp_axis"]
+    assert said["heads_not_divisible"].startswith("ShardingError: ")
+    assert "8 heads do not split over 3 ranks" in said["heads_not_divisible"]
+    assert "needs 5 devices, found 3" in said["too_few_devices"]
+    assert "xla_force_host_platform_device_count=5" in said["too_few_devices"]
+
+
+def test_gpt_oss_two_devices_match_one(tmp_path):
+    """GPT-OSS: sinks and experts replicated, the lm_head split; XLA partitions the rest."""
+    from tests.tiny_gpt_oss import build_gpt_oss
+
+    ck = str(build_gpt_oss("spread", tmp_path))
+    run = run_worker(tmp_path / "report.json", 2, 2, [ck], timeout=1800)["runs"][ck]
+    assert run["finite"]
+    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
+    assert run["tokens_two"] == run["tokens_one"]
+    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
+    assert run["shards"]["lm_head"] == [[128, 64], [128, 64]]  # vocab-parallel
+
+
+@pytest.mark.slow
+def test_smollm2_real_weights_over_three_devices(smollm2_checkpoint, tmp_path):
+    """SmolLM2-135M: 9 heads and 3 KV heads over a mesh of three (two do not divide 9)."""
+    ck = str(smollm2_checkpoint)
+    run = run_worker(tmp_path / "report.json", 3, 3, [ck], timeout=2400)["runs"][ck]
+    assert run["finite"]
+    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
+    assert run["tokens_two"] == run["tokens_one"]
+    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
+    assert run["shards"]["layers.0.wq"] == [[192, 576]] * 3  # 9 heads x 64 / 3
+    assert run["shards"]["layers.0.wk"] == [[64, 576]] * 3  # one KV head each
 
 
 def test_params_and_cache_are_sharded_by_the_plan(jax_run):
@@ -56,7 +114,3 @@ def test_params_and_cache_are_sharded_by_the_plan(jax_run):
     kv1 = report["runs"][cks[1]]  # one KV head: k/v and the cache replicated
     assert kv1["shards"]["layers.0.wk"] == [[16, 64], [16, 64]]  # head_dim 64 / 4
     assert "tp" not in kv1["state_specs"]["kv"]
-
-
-def test_a_mesh_without_a_tp_axis_is_refused(jax_run):
-    assert "axis named 'tp'" in jax_run[1]["no_tp_axis"]

@@ -116,8 +116,16 @@ def test_explicit_split_and_bad_ones(tiny_dir):
             _load(ck, "generated", devices=PAIR, split=split)
     with pytest.raises(PlacementError, match="5 devices but only 4 layers"):
         _load(ck, "generated", devices=["cpu"] * 5)
-    with pytest.raises(PlacementError, match="modes interpret and generated"):
+    with pytest.raises(PlacementError, match="not compile: the hand-overs"):
         _load(ck, "compile", devices=PAIR)
+
+
+@pytest.mark.parametrize("what", [dict(dtype="q8_0"), dict(tensor_parallel=2)])
+def test_placement_refuses_packed_dtypes_and_tensor_parallel_saying_why(tiny_dir, what):
+    ck = build_tiny("llama", "deep", out_dir=tiny_dir)
+    for where in (dict(devices=PAIR), dict(max_device_bytes="1GiB")):
+        with pytest.raises(PlacementError, match="moves and streams dense params only"):
+            linnet.torch.load(ck, mode="generated", **where, **what)
 
 
 def test_prelude_moves_copy_and_pass_python_numbers_through():

@@ -32,6 +32,8 @@ CHECKPOINTS = [
     ("llama", "base"),  # GQA 8 heads / 2 KV: both split
     ("llama", "kv1"),  # KV heads fewer than ranks: replicated per rank
     ("llama", "attn_bias"),  # biases on column (q, k, v) and row-parallel (o) linears
+    ("mistral", "base"),  # sliding window
+    ("qwen2", "base"),  # q/k/v biases without an o bias, tied head
     ("qwen3", "base"),  # per-head q/k norms
     ("phi3", "base"),  # fused qkv / gate_up in the checkpoint: read whole, then cut
     ("gpt2", "base"),  # another family: Conv1D weights, layer norm, learned positions, tied
@@ -123,6 +125,7 @@ def tp_run(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("tp-out")
     job = dict(checkpoints=[str(c) for c in cks], modes=MODES, new_tokens=NEW_TOKENS)
     job["ids"] = probe_ids(160).tolist()  # within every tiny vocab
+    job["packed"] = [[str(cks[0]), "q8_0"]]  # tiny Llama: halves of 64 and 128 are whole blocks
     codes, reports, logs = run_ranks(2, out, job)
     assert codes == [0, 0], "\n".join(logs)
     return cks, out, reports, job
@@ -132,7 +135,32 @@ def tp_run(tiny_dir, tmp_path_factory):
 @pytest.mark.parametrize("index", range(len(CHECKPOINTS)), ids=[f"{a}-{v}" for a, v in CHECKPOINTS])
 def test_two_ranks_match_one(tp_run, index, mode):
     cks, out, reports, job = tp_run
-    ck = cks[index]
+    _matches_one_process(cks[index], mode, out, reports, job)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_run(tmp_path_factory):
+    """GPT-OSS (sinks, experts: whole on every rank; its lm_head vocab-parallel) on two ranks."""
+    from tests.tiny_gpt_oss import build_gpt_oss
+
+    ck = build_gpt_oss("spread", tmp_path_factory.mktemp("tp-gpt-oss"))
+    out = tmp_path_factory.mktemp("tp-gpt-oss-out")
+    job = dict(checkpoints=[str(ck)], modes=MODES, new_tokens=NEW_TOKENS)
+    job["ids"] = probe_ids(256).tolist()
+    codes, reports, logs = run_ranks(2, out, job)
+    assert codes == [0, 0], "\n".join(logs)
+    return ck, out, reports, job
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt_oss_two_ranks_match_one(gpt_oss_run, mode):
+    ck, out, reports, job = gpt_oss_run
+    _matches_one_process(ck, mode, out, reports, job)
+
+
+def _matches_one_process(ck, mode, out, reports, job) -> None:
+    """Rank 0's logits within 1e-5 of the largest single-process logit; every rank's greedy
+    tokens the single process's, which are transformers'."""
     ids = torch.tensor(job["ids"])
     single = linnet.torch.load(ck, dtype="f32", mode=mode)
     want = single.forward(ids)
@@ -159,6 +187,35 @@ def test_each_rank_holds_its_share_of_the_weights(tp_run):
         for rank in (0, 1):
             assert reports[rank]["param_elements"][ck.name] == share, (arch, variant)
         assert share < sum(t.numel() for t in full.params.values())
+
+
+def test_packed_q8_0_over_two_ranks_matches_one_device(tp_run):
+    cks, out, reports, job = tp_run
+    ck, ids = cks[0], torch.tensor(job["ids"])
+    single = linnet.torch.load(ck, dtype="q8_0", mode="generated")
+    assert any(type(p).__name__ == "PackedWeight" for p in single.params.values())
+    want = single.forward(ids)
+    got = torch.load(out / f"{ck.name}-generated-q8_0.pt")
+    assert_within(float((got - want).abs().max()), 1e-5 * float(want.abs().max()))
+    tokens = single.generate(ids, NEW_TOKENS).tolist()
+    for rank in (0, 1):
+        assert reports[rank]["runs"][f"{ck.name}:generated:q8_0"]["tokens"] == tokens
+
+
+def test_a_packed_split_that_cuts_blocks_is_refused():
+    from linnet.shard.packed import check_blocks
+
+    plan = _plan("llama", "base", 4)  # wo's 64 input columns: 16 per rank, q8_0 packs 32
+    with pytest.raises(ShardingError, match="layers.0.wo's 64 columns over 4 ranks"):
+        check_blocks(plan.program, plan.params, "q8_0")
+    check_blocks(plan.program, _plan("llama", "base", 2).params, "q8_0")  # 32 per rank: whole
+
+
+@pytest.mark.parametrize("mode", ["compile", "cudagraphs"])
+def test_compiled_modes_are_refused_before_any_group_is_joined(tiny_dir, mode):
+    ck = build_tiny("llama", "base", out_dir=tiny_dir)
+    with pytest.raises(ShardingError, match=f"not {mode}: compiling the rank's collectives"):
+        linnet.torch.load(ck, dtype="f32", mode=mode, tensor_parallel=2)
 
 
 def test_bad_config_fails_on_every_rank(tiny_dir, tmp_path):
@@ -242,6 +299,15 @@ def test_smollm2_real_weights_over_three_ranks(smollm2_checkpoint, tmp_path):
     assert single.generate(torch.tensor(ids), NEW_TOKENS).tolist() == tokens
     key = f"{smollm2_checkpoint.name}:generated"
     assert all(r["runs"][key]["tokens"] == tokens for r in reports)
+    # each rank's peak memory grows by about its share (the embedding whole, a third of the
+    # rest: 256 of 538 MB), far from the whole model a rank reading everything would hold
+    whole = sum(t.nbytes for t in single.params.values())
+    for r in reports:
+        run = r["runs"][key]
+        grew = run["peak_rss_mb_after_load"] - run["peak_rss_mb_before_load"]
+        print(f"rank {r['rank']}: peak RSS {run['peak_rss_mb_after_load']:.0f} MB, "
+              f"+{grew:.0f} MB by its load (the model: {whole / 2**20:.0f} MiB)")  # fmt: skip
+        assert grew * 2**20 < 0.75 * whole, (r["rank"], grew)
     with pytest.raises(ShardingError, match="9 heads do not split over 2 ranks"):
         derive_plan(single.source.program(single.config), 2)
 
@@ -253,6 +319,25 @@ def test_onnx_refuses_a_rank_program_clearly():
     local = local_program(_plan("llama", "base", 2), rank=0)
     with pytest.raises(UnsupportedArchitecture, match="ONNX has no collectives"):
         to_model(prepare(local, "forward"), [], {})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_reads_exactly_its_share_of_the_bytes(tiny_dir, rank, monkeypatch):
+    from linnet.shard import load
+    from linnet.weights.planning import plan_checkpoint
+
+    plan, source, config, _ = plan_checkpoint(build_tiny("llama", "base", out_dir=tiny_dir))
+    shard = derive_plan(source.program(config), 2)
+    whole = dict(plan.load(torch.float32))
+    read = []
+    sliced = load._read_slice
+    monkeypatch.setattr(load, "_read_slice", lambda *a: read.append(sliced(*a)) or read[-1])
+    full_read = plan.checkpoint.read
+    plan.checkpoint.read = lambda name: read.append(full_read(name)) or read[-1]
+    dict(load.rank_params(plan, shard.params, rank, 2, torch.float32))
+    share = sum(t.nbytes // (shard.params[n].parts if shard.params.get(n) else 1)
+                for n, t in whole.items())  # fmt: skip
+    assert sum(x.nbytes for x in read) == share < sum(t.nbytes for t in whole.values())
 
 
 def test_a_rank_reads_split_tensors_as_slices_not_whole(tiny_dir):

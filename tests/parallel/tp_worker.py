@@ -4,19 +4,26 @@ process per rank with torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MAS
     python tp_worker.py OUT_DIR JOB_JSON
 
 JOB_JSON: {"checkpoints": [...], "modes": [...], "ids": [[...]], "new_tokens": n,
-"die_rank": r or null}. Each rank writes OUT_DIR/rank{r}.json: per checkpoint and mode the
-forward logits (rank 0 only, as .pt beside it) and greedy tokens, or the error it ended with.
+"die_rank": r or null, "packed": [[checkpoint, dtype], ...]}. Each rank writes
+OUT_DIR/rank{r}.json: per checkpoint and mode the forward logits (rank 0 only, as .pt beside
+it) and greedy tokens, or the error it ended with; its peak RSS before and after each load.
+Packed runs are in mode generated, keyed `name:generated:dtype`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import traceback
 from pathlib import Path
 
 import torch
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def main() -> int:
@@ -27,18 +34,22 @@ def main() -> int:
 
     report: dict = {"rank": rank, "runs": {}}
     ids = torch.tensor(job["ids"], dtype=torch.long)
+    runs = [(ck, mode, "f32") for ck in job["checkpoints"] for mode in job["modes"]]
+    runs += [(ck, "generated", dtype) for ck, dtype in job.get("packed", [])]
     try:
-        for ck in job["checkpoints"]:
-            for mode in job["modes"]:
-                model = linnet.torch.load(ck, dtype="f32", mode=mode, tensor_parallel=world)
-                if job.get("die_rank") == rank:
-                    os._exit(3)  # a rank that dies after loading, before the first collective
-                logits = model.forward(ids)
-                tokens = model.generate(ids, job["new_tokens"])
-                key = f"{Path(ck).name}:{mode}"
-                if rank == 0:
-                    torch.save(logits, out / f"{key.replace(':', '-')}.pt")
-                report["runs"][key] = {"tokens": tokens.tolist()}
+        for ck, mode, dtype in runs:
+            before = peak_rss_mb()
+            model = linnet.torch.load(ck, dtype=dtype, mode=mode, tensor_parallel=world)
+            if job.get("die_rank") == rank:
+                os._exit(3)  # a rank that dies after loading, before the first collective
+            memory = {"peak_rss_mb_before_load": before, "peak_rss_mb_after_load": peak_rss_mb()}
+            logits = model.forward(ids)
+            tokens = model.generate(ids, job["new_tokens"])
+            key = f"{Path(ck).name}:{mode}" + ("" if dtype == "f32" else f":{dtype}")
+            if rank == 0:
+                torch.save(logits, out / f"{key.replace(':', '-')}.pt")
+            report["runs"][key] = {"tokens": tokens.tolist(), **memory}
+            if dtype == "f32":
                 count = sum(t.numel() for t in model.params.values())
                 report.setdefault("param_elements", {})[Path(ck).name] = count
     except Exception as e:  # the test reads what each rank ended with
