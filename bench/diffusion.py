@@ -5,13 +5,15 @@ by torch.onnx (TorchScript exporter, opset 17) on onnxruntime, on the same rando
 inputs (bench/diffusion_models.py: the shapes).
 
     python bench/diffusion.py [--models vae,unet,sam] [--scale small] [--repeats 3]
-                              [--skip METHOD] [--out bench/results/diffusion.json]
+                              [--threads 1] [--skip METHOD]
+                              [--out bench/results/checks/diffusion.json]
 
 Per method: the first call (compile time where a method compiles), the median wall time of
 `--repeats` calls, the median process CPU time of a call (user + system over every thread:
 less distorted by other processes' load than wall time), its ratio to the fastest reference
 and max |Δ| of every output against the reference eager. The record carries bench/common.py's
-machine (with the load average and `under_load`).
+machine (with the load average and `under_load`). The record goes under bench/results/checks/:
+the site renders only the files directly in bench/results, and knows no such suite yet.
 """
 
 from __future__ import annotations
