@@ -27,7 +27,7 @@ from linnet.ir.state_split import split_states
 ONNX_NATIVE_OPS = frozenset(
     {"linear", "layer_norm", "softmax", "silu", "gelu", "conv", "max_pool", "batch_norm"}
     | {"attention", "moe", "conv1d"}
-    | {"group_norm", "upsample_nearest", "resize_bilinear"}  # GroupNormalization, Resize
+    | {"group_norm", "upsample_nearest", "resize_bilinear"}  # InstanceNormalization, Resize
     | {"conv_transpose"}  # ConvTranspose (issue 15, SAM)
 )
 # The mixture of experts stays whole on every backend: its decomposition is dense (every

@@ -334,8 +334,21 @@ def _band(a, b, qpos, kpos):
 
 
 def _group_norm(a, b, x, w, bias):
-    # opset 21's GroupNormalization: scale and bias per channel, statistics in f32
-    return b.node("GroupNormalization", [x, w, bias], num_groups=a["groups"], epsilon=a["eps"])
+    """x as [B, groups, rest] through InstanceNormalization (one kernel in onnxruntime, in
+    f32), then w and b per channel in f32. onnxruntime's CPU provider has no
+    GroupNormalization kernel: it expands opset 21's function into a dozen ops that also
+    break its NCHWc layout between convolutions."""
+    groups, rank = a["groups"], len(a["in_shape"])
+    h = _cast_between(b, x, a["in_dtype"], "f32")
+    h = b.node("Reshape", [h, b.const([0, groups, -1])])
+    ones, zeros = b.const([1.0] * groups, "f32"), b.const([0.0] * groups, "f32")
+    h = b.node("InstanceNormalization", [h, ones, zeros], epsilon=a["eps"])
+    h = b.node("Reshape", [h, b.node("Shape", [x])])
+    channel = b.const([-1] + [1] * (rank - 2))  # (C, 1, 1): per channel over H, W
+    w, bias = (
+        b.node("Reshape", [_cast_between(b, p, a["dtype"], "f32"), channel]) for p in (w, bias)
+    )
+    return _cast_between(b, b.node("Add", [b.node("Mul", [h, w]), bias]), "f32", a["dtype"])
 
 
 def _upsample_nearest(a, b, x):
