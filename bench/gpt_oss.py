@@ -13,7 +13,9 @@ experts stored as MXFP4 pairs (Linnet's quantizer) as openai ships them, cached 
 $LINNET_CACHE. bench/run.py then measures, each method in its own process:
 `linnet/generated/equivalent` (the HF folder, experts kept MXFP4, the rest f32),
 `transformers/eager` (the same folder) and `llama.cpp` (Linnet's f32 GGUF export of that
-folder, whose experts are GGUF MXFP4 written from the stored blocks). Results:
+folder, whose experts are GGUF MXFP4 written from the stored blocks), and then
+`linnet/generated/equivalent/gguf`: Linnet on that very GGUF file (its MXFP4 experts kept
+packed, the rest f32: the bytes llama.cpp reads). Results:
 bench/results/gpt_oss.json (the decoder format the site renders). No test asserts a time.
 """
 
@@ -52,6 +54,7 @@ SHAPE = dict(
 )
 MODEL = "gpt-oss-20b-shaped-scaled"  # the site files it under gpt-oss-20b
 METHODS = "linnet/generated/equivalent,transformers/eager,llama.cpp"
+GGUF_ROW = "linnet/generated/equivalent/gguf"  # Linnet on llama.cpp's file
 
 
 def build_checkpoint() -> Path:
@@ -86,8 +89,25 @@ def main(argv=None) -> int:
     if out.exists():  # named for the site: the zoo entry's name, then what this is
         report = json.loads(out.read_text())
         report["model"] = MODEL
+        add_gguf_row(report, ckpt, run.parse_args(defaults + ["--out", str(out)] + argv))
         out.write_text(json.dumps(report, indent=2) + "\n")
     return code
+
+
+def add_gguf_row(report: dict, ckpt: Path, args) -> None:
+    """Linnet's row on the GGUF file llama.cpp ran (the same worker, the file as checkpoint),
+    with the load average it started at, ratios against the baselines of this run."""
+    from bench import run
+
+    gguf = run.RESULTS / "gguf" / ckpt.name / "model-f32.gguf"
+    rows = report["results"].get("f32")
+    if rows is None or not gguf.exists():
+        return
+    print(f"{MODEL} f32 {GGUF_ROW} ...", flush=True)
+    load = list(os.getloadavg())
+    rows[GGUF_ROW] = run.measure("linnet/generated/equivalent", str(gguf), "f32", gguf.parent, args)
+    rows[GGUF_ROW]["load_average_at_start"] = load
+    run.add_ratios(rows)
 
 
 if __name__ == "__main__":

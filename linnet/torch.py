@@ -72,7 +72,9 @@ def _load_whole(path, dtype, device, numerics: str, max_positions, mode: str) ->
     quant = packed_dtype(dtype)
     if quant is not None:
         dtype = "f32"
-    ck = open_checkpoint(path, dtype=dtype, max_positions=max_positions, packed=bool(quant))
+    ck = open_checkpoint(
+        path, dtype=dtype, max_positions=max_positions, packed=bool(quant), mxfp4=True
+    )
     source, config, hf_config = ck.source, ck.config, ck.hf_config
     # MXFP4 experts (GPT-OSS) stay packed: the moe op reads the chosen ones' blocks
     params = ck.torch_params(device, packed=to_packed_weight, mxfp4=Mxfp4Experts.build)

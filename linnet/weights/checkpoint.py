@@ -55,6 +55,7 @@ class OpenCheckpoint:
         import torch
 
         from linnet.weights.gguf_packed import PackedArrays
+        from linnet.weights.mxfp4 import Mxfp4Pair
 
         torch_dtype = getattr(torch, DTYPES[self.config["act"]].torch)
         if self.torch_stream is not None:
@@ -64,6 +65,9 @@ class OpenCheckpoint:
         def convert(x):
             if isinstance(x, PackedArrays):
                 return packed(x, torch_dtype, device)
+            if isinstance(x, Mxfp4Pair):
+                blocks, scales = torch.from_numpy(x.blocks), torch.from_numpy(x.scales)
+                return mxfp4(blocks.to(device), scales.to(device), torch_dtype)
             return to_torch(x, torch_dtype).to(device)
 
         return {n: convert(x) for n, x in self.stream()}
@@ -74,14 +78,15 @@ def is_gguf(path: str | Path) -> bool:
 
 
 def open_checkpoint(
-    path: str | Path, *, dtype=None, max_positions: int | None = None, packed=False
+    path: str | Path, *, dtype=None, max_positions: int | None = None, packed=False, mxfp4=False
 ) -> OpenCheckpoint:
     """A local HF checkpoint folder or `.gguf` file, checked before any tensor is read.
     dtype: the params' dtype (default: a folder's stored dtype; f32 for GGUF);
     max_positions: the KV-cache length (default: the context, capped);
-    packed: a GGUF file's q8_0, q4_0 and q4_K matrices stream as `PackedArrays`."""
+    packed: a GGUF file's q8_0, q4_0 and q4_K matrices stream as `PackedArrays`;
+    mxfp4: its MXFP4 experts as `Mxfp4Pair`s (`torch_params` hands them to `mxfp4`)."""
     if is_gguf(path):
-        return _open_gguf(Path(path), dtype, max_positions, packed)
+        return _open_gguf(Path(path), dtype, max_positions, packed, mxfp4)
     from linnet.weights.planning import plan_checkpoint
 
     plan, source, config, hf_config = plan_checkpoint(
@@ -98,11 +103,13 @@ def open_checkpoint(
     )
 
 
-def _open_gguf(path: Path, dtype, max_positions: int | None, packed=False) -> OpenCheckpoint:
+def _open_gguf(
+    path: Path, dtype, max_positions: int | None, packed=False, mxfp4=False
+) -> OpenCheckpoint:
     from linnet.weights.gguf_reader import weights_from_gguf
     from linnet.weights.planning import cache_length
 
-    w = weights_from_gguf(path, act=dtype, packed=packed)
+    w = weights_from_gguf(path, act=dtype, packed=packed, mxfp4=mxfp4)
     overrides = w.weights_map.translate_config(w.hf_config)
     overrides["act"] = w.config["act"]
     overrides["max_positions"] = cache_length(overrides, max_positions)

@@ -19,15 +19,20 @@ from pathlib import Path
 import numpy as np
 
 from linnet.core.dtypes import normalize_dtype
+from linnet.weights import mxfp4
 from linnet.weights.gguf_checkpoint import FusedTensor, GgufCheckpoint, tensor_data, tensor_dtype
 from linnet.weights.gguf_packed import KEPT_PACKED, packed_from_ggml
+from linnet.weights.mxfp4 import Mxfp4Pair
 from linnet.weights.stream import Weights, full_config, ordered
 from linnet.weights.tensor_group import TensorGroup
 
 
-def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False) -> Weights:
+def weights_from_gguf(
+    path: str | Path, *, act: str | None = None, packed=False, mxfp4=False
+) -> Weights:
     """A GGUF file as a `Weights` stream (source config from its metadata). packed: q8_0,
-    q4_0 and q4_K matrices come as `PackedArrays` (not dequantized)."""
+    q4_0 and q4_K matrices come as `PackedArrays` (not dequantized); mxfp4: MXFP4 experts
+    (GPT-OSS) as `Mxfp4Pair`s in HF's layout (not dequantized)."""
     from linnet.weights.planning import source_for
 
     ck = GgufCheckpoint(path)
@@ -39,6 +44,9 @@ def weights_from_gguf(path: str | Path, *, act: str | None = None, packed=False)
     groups = _groups(ck, source, config)
 
     def read(g: TensorGroup) -> list:
+        pair = mxfp4_pair(g.key, weights_map.gguf) if mxfp4 and len(g.params) == 1 else None
+        if pair is not None:
+            return [pair]
         p = packed_tensor(g.key) if packed and g.rule.split_axis in (None, 0) else None
         if p is not None:  # row transforms and row splits apply to each part alike
             per_part = [
@@ -70,6 +78,29 @@ def packed_tensor(t):
         return None
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     return packed_from_ggml(np.asarray(t.data).reshape(-1), kind, shape)
+
+
+def mxfp4_pair(t, spec) -> Mxfp4Pair | None:
+    """An MXFP4 tensor (or fused parts) whose only transform is `transpose` as the packed
+    pair of the transposed (source) tensor, else None. ggml's rows are HF's block rows
+    (`[E, out, in]`), so the transpose is the packed layout itself; fused parts (gate,
+    up) interleave by whole rows."""
+    if t.tensor_type.name != "MXFP4" or [x.kind for x in spec.transforms_for(t.name)] != [
+        "transpose"
+    ]:
+        return None
+    parts = t.parts if isinstance(t, FusedTensor) else [t]
+    pairs = []
+    for part in parts:
+        shape = tuple(int(d) for d in reversed(part.shape.tolist()))
+        blocks, scales = mxfp4.from_ggml(np.asarray(part.data), shape[-1])
+        groups = shape[-1] // mxfp4.BLOCK
+        pairs.append((blocks.reshape(*shape[:-1], groups, 16), scales.reshape(*shape[:-1], groups)))
+    if isinstance(t, FusedTensor):
+        blocks, scales = (t.how.join([p[k] for p in pairs]) for k in (0, 1))
+    else:
+        blocks, scales = pairs[0]
+    return Mxfp4Pair(np.ascontiguousarray(blocks), np.ascontiguousarray(scales))
 
 
 def _groups(ck: GgufCheckpoint, source, config: dict) -> list[TensorGroup]:

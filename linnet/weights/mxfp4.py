@@ -16,6 +16,8 @@ than `quantize` picks), which is why exports copy original blocks that were not 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
@@ -51,6 +53,15 @@ def _codes(blocks: np.ndarray) -> np.ndarray:
 # -- ggml's MXFP4 (GGUF type 39): per block one scale byte, then 16 bytes whose byte j holds
 # code j in its low nibble and code j + 16 in its high nibble (HF's byte j: codes 2j, 2j+1)
 GGML_BLOCK_BYTES = 1 + BLOCK // 2
+
+
+@dataclass(frozen=True)
+class Mxfp4Pair:
+    """A GGUF MXFP4 tensor kept packed, in HF's layout (blocks uint8 [..., R, G, 16],
+    scales uint8 [..., R, G]): what a PyTorch load hands to `Mxfp4Experts.build`."""
+
+    blocks: np.ndarray
+    scales: np.ndarray
 
 
 def to_ggml(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:

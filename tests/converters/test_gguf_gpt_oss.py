@@ -31,6 +31,7 @@ import torch
 import linnet.gguf
 import linnet.hf
 import linnet.torch as lt
+from linnet.backends.torch.mxfp4_experts import Mxfp4Experts
 from linnet.weights import mxfp4
 from tests.converters.test_export_hf import assert_bit_exact
 from tests.numeric import assert_close
@@ -172,19 +173,28 @@ def test_metadata_is_what_llama_cpp_reads(folders, ggufs):
 
 @pytest.mark.parametrize("name", ["untruncated", "mxfp4"])
 def test_linnet_reads_its_gguf_as_the_hf_folder(folders, ggufs, name):
-    """The GGUF loads the folder's params bit for bit (its MXFP4 experts dequantized), so
-    the logits equal the folder's loaded dequantized exactly; `linnet.torch.load` of the
-    folder keeps them packed (another summation order): within 1e-4."""
+    """The GGUF loads the folder's params bit for bit. Its MXFP4 experts stay packed, as
+    `linnet.torch.load` keeps the folder's: the same blocks and scales as the folder's,
+    which dequantize to the folder's dense experts, and the same logits as the folder
+    loaded packed (the same kernel on the same bytes: exactly); the dense load (another
+    summation order) within 1e-4."""
     src, path = folders[name], ggufs[name]
     original, back = _load_dequantized(src), linnet.gguf.load(path)
+    packed = lt.load(src, dtype="f32")
     assert back.config == original.config
     assert sorted(back.params) == sorted(original.params)
     for p, t in original.params.items():
-        assert torch.equal(back.params[p], t), p
+        got, want = back.params[p], packed.params[p]
+        assert type(got) is type(want), p
+        if isinstance(want, Mxfp4Experts):
+            assert torch.equal(got.blocks, want.blocks) and torch.equal(got.scales, want.scales)
+            got = got.dequantize()
+        assert torch.equal(got, t), p
+    assert any(isinstance(t, Mxfp4Experts) for t in back.params.values()) == (name == "mxfp4")
     ids = probe_ids(256)
-    want = original.forward(ids)
+    want = packed.forward(ids)
     assert_close(back.forward(ids), want, atol=0, what=f"{name} logits")
-    assert_close(lt.load(src, dtype="f32").forward(ids), want, atol=1e-4, what="packed")
+    assert_close(want, original.forward(ids), atol=1e-4, what="packed against dense")
 
 
 def _load_dequantized(folder):

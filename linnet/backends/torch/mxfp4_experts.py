@@ -86,6 +86,20 @@ class Mxfp4Experts(PackedTensor):
     def dense(self) -> torch.Tensor:
         return self.dequantize().to(self.dtype)
 
+    def moe_few_tokens(self, x, idx, gate, b_in, w_out, b_out, alpha, limit):
+        """The moe op's experts for a decode step, self being its `w_in`: token n's experts
+        idx[n, j] weighted by gate[n, j], in one call of `mxfp4_moe` (no Python per expert);
+        None where it does not apply (see `_fused_moe_ops`): the caller's loop runs."""
+        with torch._C.DisableTorchFunctionSubclass():
+            ops = _fused_moe_ops(x, idx, self, w_out)
+            if ops is None:
+                return None
+            return ops.mxfp4_moe(
+                x.contiguous(), idx.contiguous(), gate.float().contiguous(), self.blocks,
+                self.scales, b_in.float().contiguous(), w_out.blocks, w_out.scales,
+                b_out.float().contiguous(), values_table(x.device), float(alpha), float(limit),
+            )  # fmt: skip
+
 
 def _dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     table = values_table(blocks.device)[scales.long()]  # (..., R, G, 16): this block's values
@@ -112,6 +126,18 @@ def _kernel_ops(rows: int, device, w: Mxfp4Experts):
     if rows > KERNEL_MAX_ROWS or device.type != "cpu" or w.blocks.device.type != "cpu":
         return None
     return kernels.load()
+
+
+def _fused_moe_ops(x, idx, w_in, w_out):
+    """The kernels for f32 tokens on the CPU, at most one expert's worth of work per expert
+    (tokens * top_k <= experts: each token reads its own experts), both weights packed 3-D."""
+    if not isinstance(w_out, Mxfp4Experts) or w_in.dim() != 3 or w_out.dim() != 3:
+        return None
+    if x.dtype != torch.float32 or w_in.dtype != torch.float32 or x.dim() != 2:
+        return None
+    if idx.numel() > w_in.shape[0]:
+        return None
+    return _kernel_ops(x.shape[0], x.device, w_in)
 
 
 def _getitem(w, index):

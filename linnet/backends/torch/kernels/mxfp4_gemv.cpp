@@ -14,8 +14,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -116,21 +119,11 @@ std::vector<float> split_even_odd(const float* x, int64_t batch, int64_t groups)
   return out;
 }
 
-at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& scales,
-                        const at::Tensor& table) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
-  TORCH_CHECK(blocks.dim() == 3 && blocks.size(2) == 16 && blocks.is_contiguous() &&
-                  blocks.scalar_type() == at::kByte, "blocks (rows, groups, 16) uint8");
-  TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.scalar_type() == at::kByte &&
-                  scales.size(0) == blocks.size(0) && scales.size(1) == blocks.size(1), "scales");
-  TORCH_CHECK(table.scalar_type() == at::kFloat && table.is_contiguous() && table.numel() == 256 * 16,
-              "table (256, 16) f32");
-  const int64_t rows = blocks.size(0), groups = blocks.size(1);
-  TORCH_CHECK(x.size(1) == groups * kBlock, "x has ", x.size(1), " columns, the blocks ", groups * kBlock);
-  at::Tensor y = at::empty({x.size(0), rows}, x.options());
-  std::vector<float> xs = split_even_odd(x.data_ptr<float>(), x.size(0), groups);
-  Mxfp4Problem p{xs.data(), blocks.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
-                 table.data_ptr<float>(), y.data_ptr<float>(), x.size(0), rows, groups};
+// y (batch, rows) = x @ w^T for one expert's packed rows; x (batch, groups * 32) f32.
+void mxfp4_gemm(const float* x, const uint8_t* blocks, const uint8_t* scales, const float* table,
+                float* y, int64_t batch, int64_t rows, int64_t groups) {
+  std::vector<float> xs = split_even_odd(x, batch, groups);
+  Mxfp4Problem p{xs.data(), blocks, scales, table, y, batch, rows, groups};
   const int64_t tiles = rows / kRowsPerTile;
   // a tile reads kRowsPerTile rows of 17 bytes a block; keep parallel chunks at 64 KB or more
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRowsPerTile * groups * 17));
@@ -138,6 +131,89 @@ at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at:
     for (int64_t t = lo; t < hi; ++t) mxfp4_rows<kRowsPerTile>(p, t * kRowsPerTile);
   });
   for (int64_t r = tiles * kRowsPerTile; r < rows; ++r) mxfp4_rows<1>(p, r);
+}
+
+void check_packed(const at::Tensor& blocks, const at::Tensor& scales, int64_t lead) {
+  TORCH_CHECK(blocks.dim() == lead + 3 && blocks.size(-1) == 16 && blocks.is_contiguous() &&
+                  blocks.scalar_type() == at::kByte, "blocks (..., rows, groups, 16) uint8");
+  TORCH_CHECK(scales.dim() == lead + 2 && scales.is_contiguous() && scales.scalar_type() == at::kByte &&
+                  scales.size(-2) == blocks.size(-3) && scales.size(-1) == blocks.size(-2), "scales");
+}
+
+void check_table(const at::Tensor& table) {
+  TORCH_CHECK(table.scalar_type() == at::kFloat && table.is_contiguous() && table.numel() == 256 * 16,
+              "table (256, 16) f32");
+}
+
+at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& scales,
+                        const at::Tensor& table) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  check_packed(blocks, scales, 0);
+  check_table(table);
+  const int64_t rows = blocks.size(0), groups = blocks.size(1);
+  TORCH_CHECK(x.size(1) == groups * kBlock, "x has ", x.size(1), " columns, the blocks ", groups * kBlock);
+  at::Tensor y = at::empty({x.size(0), rows}, x.options());
+  mxfp4_gemm(x.data_ptr<float>(), blocks.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
+             table.data_ptr<float>(), y.data_ptr<float>(), x.size(0), rows, groups);
+  return y;
+}
+
+// GPT-OSS's clamped SwiGLU on h (2 * ffn: gate and up interleaved) into act (ffn), as
+// `_clamped_swiglu` in the PyTorch prelude: (clamp(up, +-limit) + 1) * g * sigmoid(alpha g),
+// g = min(gate, limit).
+void clamped_swiglu(const float* h, float* act, int64_t ffn, float alpha, float limit) {
+  for (int64_t i = 0; i < ffn; ++i) {
+    const float gate = std::min(h[2 * i], limit);
+    const float up = std::min(std::max(h[2 * i + 1], -limit), limit);
+    act[i] = (up + 1.0f) * (gate * (1.0f / (1.0f + std::exp(-gate * alpha))));
+  }
+}
+
+// The moe op's expert half for a few tokens (a decode step): token n's experts idx[n, j]
+// weighted by gate[n, j], each expert's two packed matmuls plus biases and its activation,
+// summed in f32 in slot order. Reads only the chosen experts' blocks; no Python per expert.
+at::Tensor mxfp4_moe(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& gate,
+                     const at::Tensor& in_blocks, const at::Tensor& in_scales, const at::Tensor& in_bias,
+                     const at::Tensor& out_blocks, const at::Tensor& out_scales,
+                     const at::Tensor& out_bias, const at::Tensor& table, double alpha, double limit) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x (tokens, dim) f32");
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == at::kLong && idx.is_contiguous() &&
+                  idx.size(0) == x.size(0), "idx (tokens, k) int64");
+  TORCH_CHECK(gate.sizes() == idx.sizes() && gate.scalar_type() == at::kFloat && gate.is_contiguous(),
+              "gate (tokens, k) f32");
+  check_packed(in_blocks, in_scales, 1);
+  check_packed(out_blocks, out_scales, 1);
+  check_table(table);
+  const int64_t experts = in_blocks.size(0), two_ffn = in_blocks.size(1), dim = x.size(1);
+  const int64_t ffn = two_ffn / 2, in_groups = in_blocks.size(2), out_groups = out_blocks.size(2);
+  TORCH_CHECK(in_groups * kBlock == dim && out_blocks.size(0) == experts && out_blocks.size(1) == dim &&
+                  out_groups * kBlock == ffn && two_ffn % 2 == 0, "expert shapes");
+  TORCH_CHECK(in_bias.scalar_type() == at::kFloat && in_bias.is_contiguous() &&
+                  in_bias.numel() == experts * two_ffn, "in_bias (experts, 2 * ffn) f32");
+  TORCH_CHECK(out_bias.scalar_type() == at::kFloat && out_bias.is_contiguous() &&
+                  out_bias.numel() == experts * dim, "out_bias (experts, dim) f32");
+  at::Tensor y = at::zeros({x.size(0), dim}, x.options());
+  std::vector<float> h(two_ffn), act(ffn), e_out(dim);
+  const int64_t* ids = idx.data_ptr<int64_t>();
+  const float *xp = x.data_ptr<float>(), *gp = gate.data_ptr<float>(), *tab = table.data_ptr<float>();
+  const float *b_in = in_bias.data_ptr<float>(), *b_out = out_bias.data_ptr<float>();
+  const uint8_t *ib = in_blocks.data_ptr<uint8_t>(), *is = in_scales.data_ptr<uint8_t>();
+  const uint8_t *ob = out_blocks.data_ptr<uint8_t>(), *os = out_scales.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < x.size(0); ++n) {
+    float* yn = y.data_ptr<float>() + n * dim;
+    for (int64_t j = 0; j < idx.size(1); ++j) {
+      const int64_t e = ids[n * idx.size(1) + j];
+      TORCH_CHECK(e >= 0 && e < experts, "expert index ", e, " out of range");
+      mxfp4_gemm(xp + n * dim, ib + e * two_ffn * in_groups * 16, is + e * two_ffn * in_groups, tab,
+                 h.data(), 1, two_ffn, in_groups);
+      for (int64_t r = 0; r < two_ffn; ++r) h[r] += b_in[e * two_ffn + r];
+      clamped_swiglu(h.data(), act.data(), ffn, float(alpha), float(limit));
+      mxfp4_gemm(act.data(), ob + e * dim * out_groups * 16, os + e * dim * out_groups, tab, e_out.data(),
+                 1, dim, out_groups);
+      const float g = gp[n * idx.size(1) + j];
+      for (int64_t r = 0; r < dim; ++r) yn[r] += (e_out[r] + b_out[e * dim + r]) * g;
+    }
+  }
   return y;
 }
 
@@ -145,6 +221,12 @@ at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at:
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("mxfp4_linear(Tensor x, Tensor blocks, Tensor scales, Tensor table) -> Tensor");
+  m.def(
+      "mxfp4_moe(Tensor x, Tensor idx, Tensor gate, Tensor in_blocks, Tensor in_scales, Tensor in_bias, "
+      "Tensor out_blocks, Tensor out_scales, Tensor out_bias, Tensor table, float alpha, float limit) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("mxfp4_linear", mxfp4_linear); }
+TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
+  m.impl("mxfp4_linear", mxfp4_linear);
+  m.impl("mxfp4_moe", mxfp4_moe);
+}
