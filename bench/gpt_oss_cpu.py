@@ -82,7 +82,9 @@ def transformers_ms(folder: str) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, trust_remote_code=False
+    ).eval()
     ids = _prompt(model.config.vocab_size)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
