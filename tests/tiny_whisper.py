@@ -136,6 +136,23 @@ def reference_model(folder: Path, rules: bool = True):
     return model
 
 
+def greedy_reference(folder: Path, name: str, steps: int):
+    """transformers' side of the tiny-Whisper comparisons, without generation rules:
+    (model, mel [2, ...], prompt [2, 3]: start token then two text tokens, the encoder's
+    output, `generate`'s greedy tokens: the prompt and `steps` more)."""
+    hf = reference_model(folder, rules=False)
+    mel = whisper_mel(folder)
+    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
+    prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
+    with torch.no_grad():
+        encoder = hf.model.encoder(mel).last_hidden_state
+        tokens = hf.generate(
+            input_features=mel, decoder_input_ids=prompt, max_new_tokens=steps,
+            do_sample=False, eos_token_id=None,
+        )  # fmt: skip
+    return hf, mel, prompt, encoder, tokens
+
+
 #: A tiny checkpoint laid out as the real vocabularies are: text, then eos, start, three
 #: languages, both tasks, no-timestamps, and timestamp tokens to the end of the vocabulary
 #: (40 of them: <|0.00|> to <|0.78|>, a 1 s window holds 0.02 s steps up to 1.00 s).

@@ -18,12 +18,7 @@ torch = pytest.importorskip("torch")
 import linnet.torch as lt  # noqa: E402
 from linnet.errors import LinnetError  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
-from tests.tiny_whisper import (  # noqa: E402
-    WHISPER_CONFIGS,
-    build_tiny_whisper,
-    reference_model,
-    whisper_mel,
-)
+from tests.tiny_whisper import WHISPER_CONFIGS, build_tiny_whisper, greedy_reference  # noqa: E402
 
 F32_TOL = 1e-4
 STEPS = 32
@@ -39,22 +34,13 @@ def case(request, whisper_root):
     """(folder, mel, prompt, transformers' outputs) for one configuration."""
     name = request.param
     folder = build_tiny_whisper(name, whisper_root)
-    hf = reference_model(folder, rules=False)
-    mel = whisper_mel(folder)
-    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
-    prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
+    hf, mel, prompt, encoder, tokens = greedy_reference(folder, name, STEPS)
     with torch.no_grad():
         ref = dict(
-            encoder=hf.model.encoder(mel).last_hidden_state,
+            encoder=encoder,
             logits=hf(input_features=mel, decoder_input_ids=prompt).logits,
             first=hf(input_features=mel, decoder_input_ids=prompt[:, :1]).logits[:, -1],
-            tokens=hf.generate(
-                input_features=mel,
-                decoder_input_ids=prompt,
-                max_new_tokens=STEPS,
-                do_sample=False,
-                eos_token_id=None,
-            ),
+            tokens=tokens,
         )
     return name, folder, mel, prompt, ref
 

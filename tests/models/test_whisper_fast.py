@@ -26,12 +26,7 @@ onnx = pytest.importorskip("onnx")
 import linnet.onnx  # noqa: E402
 from linnet.errors import LinnetError  # noqa: E402
 from tests.numeric import assert_within  # noqa: E402
-from tests.tiny_whisper import (  # noqa: E402
-    WHISPER_CONFIGS,
-    build_tiny_whisper,
-    reference_model,
-    whisper_mel,
-)
+from tests.tiny_whisper import WHISPER_CONFIGS, build_tiny_whisper, greedy_reference  # noqa: E402
 
 STEPS = 32
 #: max |Δ| / max |reference| of the int8 encoder's output.
@@ -47,18 +42,8 @@ def fast(request, tmp_path_factory):
     folder = build_tiny_whisper(name, root)
     out = linnet.onnx.export(folder, root / "onnx", progress=False)
     model = linnet.onnx.load(out, numerics="fast")
-    hf = reference_model(folder, rules=False)
-    mel = whisper_mel(folder)
-    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
-    prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
-    with torch.no_grad():
-        ref = dict(
-            encoder=hf.model.encoder(mel).last_hidden_state.numpy(),
-            tokens=hf.generate(
-                input_features=mel, decoder_input_ids=prompt, max_new_tokens=STEPS,
-                do_sample=False, eos_token_id=None,
-            ).numpy(),
-        )  # fmt: skip
+    _, mel, prompt, encoder, tokens = greedy_reference(folder, name, STEPS)
+    ref = dict(encoder=encoder.numpy(), tokens=tokens.numpy())
     return name, out, model, mel.numpy(), prompt.numpy(), ref
 
 

@@ -20,12 +20,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import linnet.onnx  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
-from tests.tiny_whisper import (  # noqa: E402
-    WHISPER_CONFIGS,
-    build_tiny_whisper,
-    reference_model,
-    whisper_mel,
-)
+from tests.tiny_whisper import WHISPER_CONFIGS, build_tiny_whisper, greedy_reference  # noqa: E402
 
 STEPS = 32
 F32_TOL = 1e-4
@@ -39,19 +34,10 @@ def exported(request, tmp_path_factory):
     folder = build_tiny_whisper(name, root)
     out = linnet.onnx.export(folder, root / "onnx", progress=False)
     sessions = {e: ort.InferenceSession(str(out / f"{e}.onnx")) for e in ("encode", "decode")}
-    hf = reference_model(folder, rules=False)
-    mel = whisper_mel(folder)
-    start = WHISPER_CONFIGS[name]["decoder_start_token_id"]
-    prompt = torch.tensor([[start, 4, 5], [start, 6, 7]])
+    hf, mel, prompt, encoder, tokens = greedy_reference(folder, name, STEPS)
     with torch.no_grad():
-        ref = dict(
-            encoder=hf.model.encoder(mel).last_hidden_state.numpy(),
-            first=hf(input_features=mel, decoder_input_ids=prompt).logits[:, -1].numpy(),
-            tokens=hf.generate(
-                input_features=mel, decoder_input_ids=prompt, max_new_tokens=STEPS,
-                do_sample=False, eos_token_id=None,
-            ).numpy(),
-        )  # fmt: skip
+        first = hf(input_features=mel, decoder_input_ids=prompt).logits[:, -1]
+    ref = dict(encoder=encoder.numpy(), first=first.numpy(), tokens=tokens.numpy())
     return name, sessions, mel.numpy(), prompt.numpy(), ref
 
 
