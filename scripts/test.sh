@@ -13,8 +13,13 @@ ruff format --check $CODE
 ruff check $CODE
 python scripts/code_limits.py
 lint-imports
+# SmolLM2's real-weights checkpoint, built once here rather than by both workers at once.
+python scripts/make_smollm2_checkpoint.py > /dev/null
 # A skipped test fails the run (tests/skip_policy.py): only `gpu` tests may skip without a GPU.
-LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs --durations=30 "$@"
+# Two workers (most tests are small and single-threaded); a module stays on one worker, so
+# its module fixtures are built once. LINNET_TEST_WORKERS=0 runs in one process.
+LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs --durations=30 \
+    -n "${LINNET_TEST_WORKERS:-2}" --dist loadfile "$@"
 # The JAX path in a virtual environment of its own, without torch.
 bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.
