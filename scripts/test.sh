@@ -13,6 +13,9 @@ ruff format --check $CODE
 ruff check $CODE
 python scripts/code_limits.py
 lint-imports
+# torch.compile's artefacts in a folder of this run's own: a graph another checkout traced
+# against other kernels (torch's default folder is shared under /tmp) is never replayed.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d -t linnet-inductor.XXXXXX)}"
 # SmolLM2's real-weights checkpoint, built once here rather than by both workers at once.
 python scripts/make_smollm2_checkpoint.py > /dev/null
 # A skipped test fails the run (tests/skip_policy.py): only `gpu` tests may skip without a GPU.

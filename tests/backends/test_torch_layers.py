@@ -16,6 +16,7 @@ import torch
 from linnet.zoo import source_path
 
 import linnet.torch as lt
+from linnet.backends.torch import kernels
 from linnet.backends.torch.codegen import lower_entries
 from linnet.backends.torch.runners import GeneratedRunner, use_disk_cache
 from linnet.ir.outline import outline
@@ -147,6 +148,11 @@ def test_decode_compiles_one_layer_for_any_depth():
 def test_inductor_cache_is_under_linnet_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("LINNET_CACHE", str(tmp_path))
-    assert use_disk_cache() == tmp_path / "inductor"
+    first = use_disk_cache()
+    assert first == tmp_path / "inductor" / kernels.build_dir().name
+    # another build of the C++ kernels never replays graphs traced against this one's ops
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(kernels, "build_dir", lambda: tmp_path / "kernels" / "another")
+    assert use_disk_cache() == tmp_path / "inductor" / "another"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_disk_cache() == tmp_path / "mine"  # the user's choice wins

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from linnet.backends.torch import kernels
 from linnet.backends.torch.codegen import (
     class_name,
     generate_graphs,
@@ -148,13 +149,16 @@ class GeneratedRunner:
 
 def use_disk_cache() -> Path:
     """Inductor's compiled artefacts (its FX graph and AOTAutograd caches, on by default)
-    kept under Linnet's cache (`$LINNET_CACHE/inductor`) unless TORCHINDUCTOR_CACHE_DIR
+    kept under Linnet's cache (`$LINNET_CACHE/inductor/KEY`) unless TORCHINDUCTOR_CACHE_DIR
     says where, so a second process finds them instead of compiling again (torch's own
-    default is under /tmp)."""
+    default is under /tmp). KEY is the C++ kernel library's build key: inductor's cache
+    key does not cover what a custom op returns, so a graph traced against one build of
+    the kernels is never replayed against another."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         env = os.environ.get("LINNET_CACHE")
         root = Path(env).expanduser() if env else Path.home() / ".cache" / "linnet"
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+        key = kernels.build_dir().name
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor" / key)
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
