@@ -125,3 +125,25 @@ def test_packed_greedy_tokens_match_transformers(packed_folders, path, variant):
     want = reference_greedy(folder, ids, 8)
     got = lt.load(folder, dtype="f32", mode="generated").generate(ids, 8)
     assert got.tolist() == want.tolist()
+
+
+def _ops_called(fn) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_a_decode_step_runs_the_experts_in_one_kernel_call(packed_folders, path):
+    """A one-token step's experts go through `mxfp4_moe` (one C++ call for all chosen
+    experts) on the kernel path; the fallback loop would give the same logits silently, so
+    the profiler is what tells the two apart. With LINNET_KERNELS=0 no kernel op runs."""
+    variant = VARIANTS[0]
+    model = lt.load(packed_folders[variant], dtype="f32", mode="generated")
+    ids = probe_ids(256)
+    model.decode(ids[:, :PREFILL], 0)
+    called = _ops_called(lambda: model.decode(ids[:, PREFILL : PREFILL + 1], PREFILL))
+    fused = {k for k in called if k.endswith("mxfp4_moe")}
+    if path == "kernel":
+        assert fused, f"no mxfp4_moe call in a decode step: {sorted(called)[:20]}"
+    else:
+        assert not fused and not any("linnet_kernels" in k for k in called)
