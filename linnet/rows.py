@@ -46,7 +46,7 @@ class RowDecoder:
             raise LinnetError(f"need at least one row and a chunk of 1 or more, got {count}")
         self.model, self.rows, self.positions, self.chunk = model, int(count), positions, chunk
         self.lengths = [0] * self.rows
-        self.row_axes = _row_axes(model._state_types())
+        self.row_axes = row_axes(model._state_types())
         self.state = {
             name: model.arrays.zeros(shape, dtype)
             for name, shape, dtype in model._state_specs(self.rows)
@@ -185,7 +185,7 @@ class RowDecoder:
                 self.state[name] = arrays.put_row(x, self.row_axes[name], row, part[name])
 
 
-def _row_axes(state_types: dict) -> dict[str, int]:
+def row_axes(state_types: dict) -> dict[str, int]:
     """Each state's batch axis (the one sized `B`): the axis rows are cut along."""
     axes = {}
     for name, (shape, _) in state_types.items():

@@ -18,24 +18,15 @@ import numpy as np
 import torch
 
 from linnet.backends.torch.arrays import pick
-from linnet.core.dims import Poly
-
-
-def batch_axis(shape) -> int:
-    """The axis of a state's declared shape that is the batch `B`."""
-    for axis, dim in enumerate(shape):
-        if Poly.lift(dim).eval({"B": 2}) != Poly.lift(dim).eval({"B": 1}):
-            return axis
-    raise ValueError(f"a decoder state of shape {shape} has no batch axis")
+from linnet.rows import row_axes
 
 
 def widen_cache(decoder, group: int) -> None:
     """Each batch-1 state of `decoder` repeated `group` times along its batch axis."""
-    types = decoder._state_types()
+    axes = row_axes(decoder._state_types())
     with torch.inference_mode():  # as the decoder made them
         for name, state in decoder.state.items():
-            axis = batch_axis(types[name][0])
-            decoder.state[name] = state.repeat_interleave(group, dim=axis)
+            decoder.state[name] = state.repeat_interleave(group, dim=axes[name])
 
 
 def sample_group(decoder, prompt: list[int], group: int, max_new_tokens: int, *, eos,
