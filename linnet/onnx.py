@@ -171,7 +171,10 @@ class OnnxModel(Model):
         results = io.get_outputs()
         n = len(entry["outputs"])
         for part, value in zip(writes, results[n:]):
-            self.state[part] = value
+            # A part written in place stays the value we bound: the wrapper onnxruntime hands
+            # back shares its memory but not the numpy buffer behind it, which would be freed.
+            if part not in inplace or value.data_ptr() != self.state[part].data_ptr():
+                self.state[part] = value
         return results[0].numpy()
 
     @staticmethod
@@ -202,10 +205,6 @@ class OnnxEncoder(Encoder, OnnxModel):
 
 class OnnxDecoder(Decoder, OnnxModel):
     """An export with a `decode` entry: the KV cache lives in onnxruntime's buffers."""
-
-    def reset(self) -> None:
-        super().reset()
-        self.arrays.forget()
 
 
 class OnnxSeq2Seq(Seq2Seq, OnnxModel):

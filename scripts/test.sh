@@ -21,8 +21,12 @@ python scripts/make_smollm2_checkpoint.py > /dev/null
 # A skipped test fails the run (tests/skip_policy.py): only `gpu` tests may skip without a GPU.
 # Two workers (most tests are small and single-threaded); a module stays on one worker, so
 # its module fixtures are built once. LINNET_TEST_WORKERS=0 runs in one process.
-LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rs --durations=30 \
-    -n "${LINNET_TEST_WORKERS:-2}" --dist loadfile "$@"
+# A worker that crashes ends the run at once and names its test: pytest-xdist 3.8's loadfile
+# scheduler can wait forever after replacing a crashed worker. A test still running after
+# 15 minutes prints every thread's stack (it is not stopped: that is a hang's diagnosis).
+LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rfEs --durations=30 \
+    -o faulthandler_timeout=900 -n "${LINNET_TEST_WORKERS:-2}" --dist loadfile \
+    --max-worker-restart 0 "$@"
 # The JAX path in a virtual environment of its own, without torch.
 bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.

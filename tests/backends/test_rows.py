@@ -283,3 +283,33 @@ def test_write_rows_equals_scatter(dtype, cut):
     write_rows(got[cut], axis, row_axis, positions, update)
     _scatter_rows(want[cut], axis, row_axis, positions, update)
     assert torch.equal(got, want)
+
+
+def test_onnx_rows_survive_a_plain_decode_and_freed_memory(tiny_checkpoint, tmp_path):
+    """The cache rows a server holds live in numpy buffers onnxruntime writes in place; a
+    plain `decode` on the same model (which resets its own state) and the garbage collector
+    must never free them. Memory freed under them would be reused by the junk allocated
+    here, and the next step would read it (or crash): the logits must equal those of an
+    undisturbed run of the same calls."""
+    import gc
+
+    folder = tiny_checkpoint("llama")
+
+    def run(disturb: bool) -> list[np.ndarray]:
+        model = load(folder, "onnx", tmp_path / ("disturbed" if disturb else "quiet"))
+        rows = model.rows(2)
+        out = [rows.prefill(0, [1, 2, 3]), rows.prefill(1, [4, 5])]
+        token = [int(out[0].argmax()), int(out[1].argmax())]
+        for _ in range(4):
+            step = rows.step([0, 1], token)  # every row: the whole cache is the step's state
+            out.append(step)
+            token = [int(t) for t in step.argmax(axis=1)]
+            if disturb:
+                solo(model, [7, 8, 9])  # model.reset() and a plain decode on the same model
+                gc.collect()
+                junk = [np.full(x.shape(), 1e4, np.float32) for x in rows.state.values()]
+                del junk
+        return out
+
+    for i, (quiet, disturbed) in enumerate(zip(run(False), run(True))):
+        np.testing.assert_array_equal(disturbed, quiet, err_msg=f"call {i}")

@@ -1,5 +1,5 @@
 """The onnxruntime array adapter of the model contract (see `linnet/backends/arrays.py`):
-inputs are numpy arrays; states are OrtValues over numpy buffers it keeps alive."""
+inputs are numpy arrays; states are OrtValues, each holding the numpy buffer it borrows."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from linnet.errors import LinnetError
 
 
 class OnnxArrays:
-    def __init__(self) -> None:
-        self.buffers: dict[int, np.ndarray] = {}  # id(OrtValue) -> the memory it borrows
+    """Every state is an OrtValue made from a numpy buffer (`ortvalue_from_numpy` keeps a
+    reference to it) or one onnxruntime allocated; `OnnxModel._execute` keeps the value it
+    bound for a part written in place, so no buffer is freed under a live state."""
 
     @staticmethod
     def tokens(x, dtype: str, rank: int, vocab: int | None) -> np.ndarray:
@@ -30,59 +31,42 @@ class OnnxArrays:
     def mask_like(ids) -> np.ndarray:
         return np.ones(ids.shape[:2], dtype=np.int64)
 
-    def zeros(self, shape, dtype: str):
+    @staticmethod
+    def zeros(shape, dtype: str):
         import onnxruntime as ort
 
-        zeros = np.zeros(shape, numpy_dtype(dtype))
-        value = ort.OrtValue.ortvalue_from_numpy(zeros)
-        self.buffers[id(value)] = zeros  # the OrtValue borrows this memory
-        return value
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, numpy_dtype(dtype)))
 
     # rows.py steps only the rows in use: a slice of rows is a view or a copy of those rows
     # alone, which costs far less than computing every row (docs/serve.md: 2.6 ms of CPU
     # to cut and put back one row of SmolLM2's 16-row cache, 209 vs 75 ms for a step)
     row_views = True
 
-    def row(self, x, axis: int, r: int, count: int = 1):
+    @staticmethod
+    def row(x, axis: int, r: int, count: int = 1):
         """Rows r..r+count of a state along its batch axis: an OrtValue over a view of x's
-        buffer when that view is contiguous (a part written in place then writes x), else
+        memory when that view is contiguous (a part written in place then writes x), else
         a copy."""
         import onnxruntime as ort
 
-        view = self._buffer(x)[(slice(None),) * axis + (slice(r, r + count),)]
+        view = x.numpy()[(slice(None),) * axis + (slice(r, r + count),)]
         if not view.flags.c_contiguous:
             view = np.ascontiguousarray(view)
-        value = ort.OrtValue.ortvalue_from_numpy(view)
-        self.buffers[id(value)] = view
-        return value
+        return ort.OrtValue.ortvalue_from_numpy(view)
 
-    def put_row(self, x, axis: int, r: int, part):
+    @staticmethod
+    def put_row(x, axis: int, r: int, part):
         """x with rows r.. replaced by `part` (nothing to copy when part wrote in place)."""
-        whole = self._buffer(x)
-        if whole.ctypes.data != x.data_ptr():  # x did not borrow a buffer: own one
-            x = self._owned(whole)
+        import onnxruntime as ort
+
+        whole = x.numpy()  # shares x's memory on the CPU
+        if whole.ctypes.data != x.data_ptr():  # a copy after all: own it
+            x = ort.OrtValue.ortvalue_from_numpy(whole)
         count = part.shape()[axis]
         view = whole[(slice(None),) * axis + (slice(r, r + count),)]
         if part.data_ptr() != view.ctypes.data:
             view[...] = part.numpy()
         return x
-
-    def _buffer(self, x) -> np.ndarray:
-        """The numpy memory an OrtValue borrows, or a copy of its data."""
-        buf = self.buffers.get(id(x))
-        if buf is not None and buf.ctypes.data == x.data_ptr():
-            return buf
-        return x.numpy()
-
-    def _owned(self, array: np.ndarray):
-        import onnxruntime as ort
-
-        value = ort.OrtValue.ortvalue_from_numpy(array)
-        self.buffers[id(value)] = array
-        return value
-
-    def forget(self) -> None:
-        self.buffers = {}
 
     @staticmethod
     def concat(parts) -> np.ndarray:
