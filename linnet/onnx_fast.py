@@ -27,8 +27,20 @@ import shutil
 import tempfile
 from pathlib import Path
 
-#: The settings of the quantization (part of the cache key).
+#: The settings of the quantization (part of the cache key, with `reduce_range()`).
 SETTINGS = "int8 weights, per output column, MatMul with a constant weight; v1"
+
+
+def reduce_range() -> bool:
+    """7-bit weights on x86 CPUs without VNNI: there onnxruntime's int8 kernel multiplies
+    u8 activations by s8 weights in pairs summed into saturating int16 (AVX2's vpmaddubsw),
+    and full-range weights overflow it (whisper-tiny's encoder came out 12% off on an
+    AVX2-only EPYC); VNNI sums in int32 and keeps all 8 bits."""
+    from linnet.core.machine import cpu_flags
+
+    flags = cpu_flags()
+    x86 = any(f.startswith("avx") for f in flags)
+    return x86 and not any(f in ("avx512_vnni", "avx_vnni", "avx512vnni") for f in flags)
 
 
 def fast_folder(folder: Path) -> Path:
@@ -51,7 +63,7 @@ def fast_folder(folder: Path) -> Path:
 
 
 def _key(folder: Path) -> str:
-    key = hashlib.sha256(SETTINGS.encode())
+    key = hashlib.sha256(f"{SETTINGS}; reduce_range={reduce_range()}".encode())
     for f in sorted(p for p in folder.iterdir() if p.is_file()):
         st = f.stat()
         key.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -100,7 +112,7 @@ def _quantize_model(model: Path, target: Path, scratch: Path, vocab: int | None)
     ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     quantize_dynamic(
         folded, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-        per_channel=True, extra_options={"MatMulConstBOnly": True},
+        per_channel=True, reduce_range=reduce_range(), extra_options={"MatMulConstBOnly": True},
         nodes_to_exclude=_vocab_projections(folded, vocab),
         use_external_data_format=True,  # large-v3's would pass protobuf's 2 GB
     )  # fmt: skip
