@@ -120,6 +120,7 @@ def main() -> None:
             wall[name].append(time.perf_counter() - t0)
     record["load_average_end"] = list(os.getloadavg())
     record["same_tokens"] = len({tuple(t) for t in tokens.values()}) == 1
+    record["tokens"] = tokens
     record["results"] = {
         name: dict(cpu_median_s=statistics.median(cpu[name]), wall_median_s=statistics.median(
             wall[name]), wall_best_s=min(wall[name]), wall_s=wall[name], cpu_s=cpu[name])
@@ -131,7 +132,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "versions"}, indent=1))
+    print(
+        json.dumps({k: v for k, v in record.items() if k not in ("versions", "tokens")}, indent=1)
+    )
 
 
 if __name__ == "__main__":
