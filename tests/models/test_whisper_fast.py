@@ -132,6 +132,13 @@ def test_the_cache_key_follows_the_weights_range(monkeypatch, tmp_path):
     assert len(keys) == 2
 
 
+def _shared(ours, export) -> bool:
+    """One inode; a copy only where the cache and the export are on different file systems."""
+    if ours.stat().st_dev == export.stat().st_dev:
+        return ours.samefile(export)
+    return ours.read_bytes() == export.read_bytes()
+
+
 def test_decode_reads_the_exports_weights_through_a_hard_link(fast):
     """The fast folder holds no second copy of what it keeps f32: `decode` is the exported
     graph and its weights file is the export's (one inode), and it still runs (the token
@@ -140,7 +147,7 @@ def test_decode_reads_the_exports_weights_through_a_hard_link(fast):
     folder = model.export_folder
     graph = onnx.load(str(folder / "decode.onnx"), load_external_data=False).graph
     files = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
-    assert files and all((folder / f).samefile(out / f) for f in files), files
+    assert files and all(_shared(folder / f, out / f) for f in files), files
     assert (folder / "decode.onnx").read_bytes() == (out / "decode.onnx").read_bytes()
     assert not list(folder.glob("decode.onnx.data"))
 
@@ -169,7 +176,7 @@ def test_quantized_entries_keep_no_copy_of_an_unchanged_weight(fast):
             location, value = data(model.export_folder, t)
             if location != entry + ".data":
                 shared += 1
-                assert (model.export_folder / location).samefile(out / location)
+                assert _shared(model.export_folder / location, out / location)
             elif name in exported and list(exported[name].dims) == list(t.dims):
                 assert data(out, exported[name])[1] != value, f"{entry}: {name} kept twice"
         assert shared >= 3, entry  # at least the conv stem's weights and biases
