@@ -1,10 +1,13 @@
-"""Threads and spinning, side by side (issue 14): the whole transcription of bench/whisper.py's
-clip (32 tokens) by Linnet's ONNX fast path with onnxruntime's default pool (2 threads,
-spinning), without spinning and with one thread, and by CTranslate2 int8 with 2 threads and 1,
-interleaved in one process so that each meets the same load. Prints the process's CPU seconds
-per call and the wall times, and whether every variant gave the same tokens.
+"""The two contenders interleaved (issue 14): the whole transcription of bench/whisper.py's
+clip (32 tokens) by Linnet's ONNX fast path as `linnet.onnx.load(..., numerics="fast")` gives it
+(no spinning, decode on one thread), the same int8 folder under onnxruntime's default pool (2
+threads, spinning: the sessions before that tuning), and CTranslate2 int8 with 2 threads (what
+bench/whisper.py runs) and 1, called in turn `--repeats` times in one process so that each
+meets the same load. Writes the process's CPU seconds and the wall times per call (medians,
+best), whether every variant gave the same tokens, the machine (CPU flags) and the load
+average before and after.
 
-    python bench/whisper_threads.py [--repeats 3]
+    python bench/whisper_threads.py [--repeats 7] [--out FILE]  # default: OUT below
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from bench.whisper import (  # noqa: E402  # noqa: E402
+from bench.whisper import (  # noqa: E402
     FIRST_LANG,
     NO_TIMESTAMPS,
     SCRATCH,
@@ -34,25 +37,26 @@ from bench.whisper import (  # noqa: E402  # noqa: E402
     speech,
 )
 
+OUT = Path(__file__).resolve().parent / "results" / "checks" / "whisper_interleaved.json"
+CT2 = "ctranslate2/int8 2 threads"
 
-def linnet_variant(fast: Path, folder: Path, samples, spin: bool, threads: int = 0):
+
+def linnet_variant(export: Path, folder: Path, samples, tuned: bool):
     import onnxruntime as ort
 
+    import linnet.onnx
     from linnet.onnx import OnnxModel
     from linnet.speech import transcribe
 
-    signature = json.loads((fast / "linnet.json").read_text())
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = {
-        name: ort.InferenceSession(
-            str(fast / e["file"]), options, providers=["CPUExecutionProvider"]
-        )
-        for name, e in signature["entries"].items()
-    }
-    model = OnnxModel(signature, sessions)
+    model = linnet.onnx.load(export, numerics="fast")
+    if not tuned:  # the same int8 folder, every session with onnxruntime's default options
+        options = ort.SessionOptions()
+        files = {name: e["file"] for name, e in model.signature["entries"].items()}
+        model = OnnxModel(model.signature, {
+            name: ort.InferenceSession(str(model.export_folder / f), options,
+                                       providers=["CPUExecutionProvider"])
+            for name, f in files.items()
+        })  # fmt: skip
     return lambda: cut_at_end(
         transcribe(
             model, samples, language="en", task="transcribe", max_new_tokens=32, folder=folder
@@ -83,39 +87,54 @@ def main() -> None:
     import ctranslate2
 
     import linnet.onnx
+    from bench.common import machine, provenance, versions
     from linnet.hub import linnet_cache
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     folder = build_checkpoint(linnet_cache() / "bench" / "whisper-tiny-shape")
-    samples, _ = speech()
+    samples, audio_s = speech()
     scratch = Path(tempfile.mkdtemp(dir=SCRATCH))  # removed at exit
-    fast = linnet.onnx.load(
-        linnet.onnx.export(folder, scratch / "onnx", progress=False), numerics="fast"
-    ).export_folder
+    export = linnet.onnx.export(folder, scratch / "onnx", progress=False)
     ctranslate2.converters.TransformersConverter(str(folder)).convert(str(scratch / "ct2"))
     runs = {
-        "linnet/onnx-fast 2 threads": linnet_variant(fast, folder, samples, True),
-        "linnet/onnx-fast 2 threads, no spinning": linnet_variant(fast, folder, samples, False),
-        "linnet/onnx-fast 1 thread": linnet_variant(fast, folder, samples, True, 1),
+        "linnet/onnx-fast": linnet_variant(export, folder, samples, True),
+        "linnet/onnx-fast, onnxruntime's default pool": linnet_variant(
+            export, folder, samples, False
+        ),
         "ctranslate2/int8 2 threads": ct2_variant(scratch / "ct2", folder, samples, 2),
         "ctranslate2/int8 1 thread": ct2_variant(scratch / "ct2", folder, samples, 1),
     }
     tokens = {name: run() for name, run in runs.items()}  # untimed
+    record = dict(what=__doc__.splitlines()[0], audio_s=audio_s, repeats=args.repeats,
+                  machine=machine(), versions=versions(["onnxruntime", "ctranslate2"]),
+                  **provenance())  # fmt: skip
     cpu, wall = ({name: [] for name in runs} for _ in range(2))
-    load = os.getloadavg()[0]
     for _ in range(args.repeats):
         for name, run in runs.items():
             c0, t0 = time.process_time(), time.perf_counter()
             run()
             cpu[name].append(time.process_time() - c0)
             wall[name].append(time.perf_counter() - t0)
-    print(f"same tokens: {len({tuple(t) for t in tokens.values()}) == 1}")
-    for name in runs:
-        print(f"{name}: CPU median {statistics.median(cpu[name]):.3f} s, wall best "
-              f"{min(wall[name]):.3f} s, median {statistics.median(wall[name]):.3f} s")  # fmt: skip
-    print(f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    record["load_average_end"] = list(os.getloadavg())
+    record["same_tokens"] = len({tuple(t) for t in tokens.values()}) == 1
+    record["tokens"] = tokens
+    record["results"] = {
+        name: dict(cpu_median_s=statistics.median(cpu[name]), wall_median_s=statistics.median(
+            wall[name]), wall_best_s=min(wall[name]), wall_s=wall[name], cpu_s=cpu[name])
+        for name in runs
+    }  # fmt: skip
+    ours, theirs = record["results"]["linnet/onnx-fast"], record["results"][CT2]
+    record["vs_ctranslate2_int8"] = {
+        k: theirs[k] / ours[k] for k in ("wall_median_s", "wall_best_s", "cpu_median_s")
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(
+        json.dumps({k: v for k, v in record.items() if k not in ("versions", "tokens")}, indent=1)
+    )
 
 
 if __name__ == "__main__":

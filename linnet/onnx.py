@@ -84,15 +84,12 @@ def load(
     if not sig_path.is_file():
         raise LinnetError(f"{folder}: no linnet.json; is this a `linnet export onnx` folder?")
     signature = json.loads(sig_path.read_text(encoding="utf-8"))
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
     providers = providers or ["CPUExecutionProvider"]
     sessions = {}
     for name, entry in signature["entries"].items():
         try:
             sessions[name] = ort.InferenceSession(
-                str(folder / entry["file"]), options, providers=providers
+                str(folder / entry["file"]), _options(name, threads, numerics), providers=providers
             )
         except Exception as e:  # onnxruntime raises its own exception types
             hint = ""
@@ -103,6 +100,23 @@ def load(
     model = OnnxModel(signature, sessions)
     model.export_folder = folder  # the folder run (numerics="fast": the int8 copy)
     return model
+
+
+def _options(entry: str, threads: int | None, numerics: str):
+    """Session options; with numerics="fast" tuned for a loaded 2-core CPU (docs/speech.md):
+    no spinning (idle pool threads busy-waited for the next op: a third of a transcription's
+    CPU time under load) and `decode` on one thread unless `threads` says otherwise (a
+    one-token step's ops are too small to share: less CPU and wall time per step)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    if numerics == "fast":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if entry == "decode" and not threads:
+            options.intra_op_num_threads = 1
+    return options
 
 
 class OnnxModel(Model):
@@ -124,6 +138,7 @@ class OnnxModel(Model):
         self.sessions = sessions
         self.arrays = OnnxArrays()
         self.state: dict = {}  # state part -> onnxruntime OrtValue
+        self._parsed_states: dict | None = None
 
     @property
     def entries(self) -> list[str]:
@@ -137,11 +152,13 @@ class OnnxModel(Model):
         return [(name, spec["dtype"], len(spec["shape"])) for name, spec in declared.items()]
 
     def _state_types(self) -> dict:
-        states = self.signature["entries"]["decode"]["states"]
-        return {
-            name: ([Poly.from_terms(t) for t in spec["shape"]], spec["dtype"])
-            for name, spec in states.items()
-        }
+        if self._parsed_states is None:  # parsed once: every decode step checks the states
+            states = self.signature["entries"]["decode"]["states"]
+            self._parsed_states = {
+                name: ([Poly.from_terms(t) for t in spec["shape"]], spec["dtype"])
+                for name, spec in states.items()
+            }
+        return self._parsed_states
 
     def _execute(self, name: str, inputs: list, dim_values: dict) -> np.ndarray:
         """One call through an IO binding: the cache stays in onnxruntime's buffers, and a

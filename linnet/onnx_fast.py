@@ -15,20 +15,29 @@ needs), then `quantize_dynamic` makes every MatMul with a constant weight a MatM
 over int8 weights with one scale per output column (`per_channel`). Attention's MatMuls (no
 constant input), convolutions, norms and embedding lookups stay f32, and so does a projection
 to the vocabulary (a weight `vocab` columns wide: `forward`'s logits). The quantized folder
-is made once into `$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused. The
-error this costs is bounded per model by its tests (docs/speech.md for Whisper), not by the
-f32 parity bounds.
+is made once into `$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused; what
+it keeps f32 as exported (`decode`) reads the export's weights file through a hard link (a
+copy only where the two folders are on different file systems). The cache is pruned each time
+a folder is made: entries of the same export made from older files, of an export that is gone,
+from before this layout, and past the `KEEP` most recently used; none used in the last
+`GRACE_S` seconds (another process may be loading it). The error this costs is bounded per
+model by its tests (docs/speech.md for Whisper), not by the f32 parity bounds.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 #: The settings of the quantization (part of the cache key, with `reduce_range()`).
-SETTINGS = "int8 weights, per output column, MatMul with a constant weight; v1"
+SETTINGS = "int8 weights, per output column, MatMul with a constant weight; v2"
+#: Cache entries kept (the most recently used), and how recent a use spares any entry.
+KEEP, GRACE_S = 4, 600.0
+#: Each entry's record of the export it was made from (absent: made before v2).
+SOURCE = ".linnet-fast-source"
 
 
 def reduce_range() -> bool:
@@ -44,22 +53,56 @@ def reduce_range() -> bool:
 
 
 def fast_folder(folder: Path) -> Path:
-    """The int8 copy of an export folder, made once into the cache."""
+    """The int8 copy of an export folder, made once into the cache (which is then pruned)."""
     from linnet.hub import linnet_cache
 
     folder = Path(folder).resolve()
     out = linnet_cache() / "onnx-fast" / f"{folder.name}-{_key(folder)}"
     if (out / "linnet.json").is_file():
+        (out / SOURCE).touch()  # its last use, for pruning
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=".partial-"))
     try:
         _quantize_folder(folder, work)
+        (work / SOURCE).write_text(str(folder), encoding="utf-8")
         shutil.rmtree(out, ignore_errors=True)
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    prune(out.parent, keep=out)
     return out
+
+
+def prune(cache: Path, keep: Path) -> list[Path]:
+    """Remove the entries no load will ask for again (see the module's doc); `keep` is the
+    entry just made. Returns what it removed."""
+    import time
+
+    now, source = time.time(), (keep / SOURCE).read_text(encoding="utf-8")
+    entries = sorted(
+        (p for p in cache.iterdir() if p.is_dir() and p != keep),
+        key=lambda p: _last_use(p), reverse=True,
+    )  # fmt: skip
+    gone, kept = [], 1  # `keep` is the most recent
+    for entry in entries:
+        if now - _last_use(entry) < GRACE_S:
+            kept += 1
+            continue
+        record = entry / SOURCE
+        made_from = record.read_text(encoding="utf-8") if record.is_file() else None
+        stale = made_from is None or made_from == source or not Path(made_from).is_dir()
+        if stale or kept >= KEEP:
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry)
+        else:
+            kept += 1
+    return gone
+
+
+def _last_use(entry: Path) -> float:
+    record = entry / SOURCE
+    return (record if record.is_file() else entry).stat().st_mtime
 
 
 def _key(folder: Path) -> str:
@@ -71,27 +114,26 @@ def _key(folder: Path) -> str:
 
 
 def _quantize_folder(folder: Path, out: Path) -> None:
-    """Every `*.onnx` quantized (weights beside it), the other files copied."""
+    """Every `*.onnx` but `decode` quantized (weights beside it); `decode` and the other
+    files as exported, the weights file hard-linked."""
     import json
 
     config = json.loads((folder / "linnet.json").read_text(encoding="utf-8"))["config"]
+    quantized = [f for f in folder.iterdir() if f.suffix == ".onnx" and f.stem != "decode"]
+    for f in quantized:
+        _quantize_model(f, out / f.name, out, config.get("vocab"))
     for f in folder.iterdir():
-        if f.suffix == ".onnx" and f.stem != "decode":
-            _quantize_model(f, out / f.name, out, config.get("vocab"))
-        elif f.suffix == ".onnx":
-            _copy_model(f, out / f.name)
-        elif f.is_file() and not f.name.endswith(".data"):
-            shutil.copy2(f, out / f.name)
+        if f.is_file() and f not in quantized:
+            _share(f, out / f.name)
 
 
-def _copy_model(model: Path, target: Path) -> None:
-    """An entry kept f32, its weights in a file of its own (the export's is not copied)."""
-    import onnx
-
-    onnx.save(
-        onnx.load(str(model)), str(target), save_as_external_data=True,
-        location=target.name + ".data", size_threshold=1024,
-    )  # fmt: skip
+def _share(source: Path, target: Path) -> None:
+    """`target` as `source`'s bytes: a hard link (no second copy of the weights), a copy
+    where the file system refuses one."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _quantize_model(model: Path, target: Path, scratch: Path, vocab: int | None) -> None:
@@ -118,6 +160,53 @@ def _quantize_model(model: Path, target: Path, scratch: Path, vocab: int | None)
     )  # fmt: skip
     folded.unlink()
     (scratch / (folded.stem + ".data")).unlink(missing_ok=True)
+    _share_unchanged(target, model)
+
+
+def _share_unchanged(target: Path, export: Path) -> None:
+    """Point each f32 weight the quantizer left as the export holds it (same name, shape and
+    bytes: embeddings, norms, the conv stem) at the export's weights file (hard-linked beside
+    `target`), and rewrite `target`'s own weights file with the rest only."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    def external(t):
+        return t.data_location == onnx.TensorProto.EXTERNAL and ExternalDataInfo(t)
+
+    model = onnx.load(str(target), load_external_data=False)
+    source = {t.name: t for t in onnx.load(str(export), load_external_data=False).graph.initializer}
+    own = target.with_name(target.name + ".data")
+    fresh = own.with_name(own.name + ".tmp")
+    with own.open("rb") as old, fresh.open("wb") as new:
+        for t in model.graph.initializer:
+            if not (info := external(t)):
+                continue
+            old.seek(info.offset or 0)
+            data = old.read(info.length)
+            o = source.get(t.name)
+            if (
+                o is not None
+                and (list(o.dims), o.data_type) == (list(t.dims), t.data_type)
+                and external(o)
+            ):
+                there = ExternalDataInfo(o)
+                with (export.parent / there.location).open("rb") as f:
+                    f.seek(there.offset or 0)
+                    if f.read(there.length) == data:
+                        del t.external_data[:]
+                        t.external_data.extend(o.external_data)
+                        continue
+            _set_external(t, own.name, new.tell(), len(data))
+            new.write(data)
+    fresh.replace(own)
+    onnx.save(model, str(target))
+
+
+def _set_external(tensor, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
 
 
 def _vocab_projections(model: Path, vocab: int | None) -> list[str]:

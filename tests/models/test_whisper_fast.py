@@ -130,3 +130,129 @@ def test_the_cache_key_follows_the_weights_range(monkeypatch, tmp_path):
         monkeypatch.setattr(linnet.core.machine, "cpu_flags", lambda flags=flags: flags)
         keys.add(fast_module._key(tmp_path))
     assert len(keys) == 2
+
+
+def _shared(ours, export) -> bool:
+    """One inode; a copy only where the cache and the export are on different file systems."""
+    if ours.stat().st_dev == export.stat().st_dev:
+        return ours.samefile(export)
+    return ours.read_bytes() == export.read_bytes()
+
+
+def test_decode_reads_the_exports_weights_through_a_hard_link(fast):
+    """The fast folder holds no second copy of what it keeps f32: `decode` is the exported
+    graph and its weights file is the export's (one inode), and it still runs (the token
+    test above)."""
+    _, out, model, *_ = fast
+    folder = model.export_folder
+    graph = onnx.load(str(folder / "decode.onnx"), load_external_data=False).graph
+    files = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
+    assert files and all(_shared(folder / f, out / f) for f in files), files
+    assert (folder / "decode.onnx").read_bytes() == (out / "decode.onnx").read_bytes()
+    assert not list(folder.glob("decode.onnx.data"))
+
+
+def test_quantized_entries_keep_no_copy_of_an_unchanged_weight(fast):
+    """What quantization left as exported (the conv stem, norms, positions, the token
+    embedding) is read from the export's weights file; the entry's own file holds only what
+    differs from the export's tensor of that name."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    _, out, model, *_ = fast
+
+    def tensors(folder, entry):
+        graph = onnx.load(str(folder / entry), load_external_data=False).graph
+        return {t.name: t for t in graph.initializer if t.external_data}
+
+    def data(folder, t):
+        info = ExternalDataInfo(t)
+        with (folder / info.location).open("rb") as f:
+            f.seek(info.offset or 0)
+            return info.location, f.read(info.length)
+
+    for entry in ("encode.onnx", "forward.onnx"):
+        exported, shared = tensors(out, entry), 0
+        for name, t in tensors(model.export_folder, entry).items():
+            location, value = data(model.export_folder, t)
+            if location != entry + ".data":
+                shared += 1
+                assert _shared(model.export_folder / location, out / location)
+            elif name in exported and list(exported[name].dims) == list(t.dims):
+                assert data(out, exported[name])[1] != value, f"{entry}: {name} kept twice"
+        assert shared >= 3, entry  # at least the conv stem's weights and biases
+
+
+def _entry(cache, name, source, age_s, now):
+    import os
+
+    import linnet.onnx_fast as fast_module
+
+    entry = cache / name
+    entry.mkdir()
+    if source is not None:
+        (entry / fast_module.SOURCE).write_text(str(source))
+    stamp = entry / fast_module.SOURCE if source is not None else entry
+    os.utime(stamp, (now - age_s, now - age_s))
+    return entry
+
+
+def test_the_cache_prunes_what_no_load_will_ask_for(tmp_path, monkeypatch):
+    import time
+
+    import linnet.onnx_fast as fast_module
+
+    monkeypatch.setattr(fast_module, "KEEP", 3)
+    cache, now = tmp_path / "onnx-fast", time.time()
+    cache.mkdir()
+    export, other, gone = (tmp_path / n for n in ("export", "other", "gone"))
+    export.mkdir(), other.mkdir()
+    new = _entry(cache, "export-new", export, 0, now)
+    kept = {
+        _entry(cache, "export-in-use", export, 60, now),  # same export, used a minute ago
+        _entry(cache, "other-recent", other, 3600, now),  # second most recent of the rest
+    }
+    removed = {
+        _entry(cache, "export-old", export, 3000, now),  # made from the export's older files
+        _entry(cache, "gone-1", gone, 7200, now),  # its export was deleted
+        _entry(cache, "legacy", None, 7200, now),  # no record: made before v2
+        _entry(cache, "other-older", other, 9000, now),  # past KEEP
+        _entry(cache, ".partial-x", None, 9000, now),  # a run that died
+    }
+    assert set(fast_module.prune(cache, keep=new)) == removed
+    assert {p for p in cache.iterdir()} == kept | {new}
+
+
+def test_a_changed_export_replaces_its_fast_folder(fast, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    import linnet.onnx_fast as fast_module
+
+    monkeypatch.setenv("LINNET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fast_module, "GRACE_S", 0.0)
+    export = tmp_path / "export"
+    shutil.copytree(fast[1], export)
+    first = fast_module.fast_folder(export)
+    assert fast_module.fast_folder(export) == first  # reused
+    os.utime(export / "linnet.json", ns=(1, 1))  # the export rewritten
+    second = fast_module.fast_folder(export)
+    assert second != first and (second / "linnet.json").is_file()
+    assert not first.exists()
+
+
+def test_fast_sessions_do_not_spin_and_decode_on_one_thread(fast):
+    """numerics="fast" tunes onnxruntime for a loaded CPU (docs/speech.md): no spinning, a
+    decode step on one thread; `threads` still decides when given; the default is untouched."""
+    _, out, model, *_ = fast
+
+    def options(m, entry):
+        o = m.sessions[entry].get_session_options()
+        return o.intra_op_num_threads, o.get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert options(model, "decode") == (1, "0")
+    assert options(model, "encode")[1] == "0"
+    assert options(linnet.onnx.load(out, numerics="fast", threads=2), "decode") == (2, "0")
+    plain = linnet.onnx.load(out).sessions["decode"].get_session_options()
+    assert plain.intra_op_num_threads == 0
+    with pytest.raises(Exception, match="allow_spinning"):  # not set: onnxruntime's default
+        plain.get_session_config_entry("session.intra_op.allow_spinning")
