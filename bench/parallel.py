@@ -3,12 +3,14 @@ one thread each (issue 19), on a random checkpoint shaped like TinyLlama's layer
 SmolLM2-135M's real weights.
 
     python bench/parallel.py [--layers 2] [--tokens 32] [--smollm2 FOLDER] [--out ...json]
+    python bench/parallel.py --smollm2 FOLDER --no-tinyllama --smollm2-tp 1,2 --out ...json
     python bench/parallel.py --one-thread [--smollm2 FOLDER] --out ...   # 1 process, 1 thread
     python bench/parallel.py --placed --layers 3 --tokens 16 --out ...   # layers / offload
 
 TinyLlama-1.1B's shapes (dim 2048, 32 heads, 4 KV heads, ffn 5632, vocab 32000) with fewer
 layers (`--layers`, default 2: the 22 of the real model need 4.4 GB of f32 per process); tp 1
-and tp 2. SmolLM2 (9 heads, 3 KV heads: two ranks do not divide them): tp 1 and tp 3. Each
+and tp 2. SmolLM2 (9 heads, 3 KV heads): tp 1 and tp 2 (`--smollm2-tp`), two ranks holding 2
+and 1 KV groups (6 and 3 query heads: rank 0 does twice rank 1's attention). Each
 row: a 64-token forward (median of 3) and greedy decode of `--tokens` tokens after a 16-token
 prompt (median step), wall time and the process's CPU time (every thread); every rank's
 param bytes and peak RSS (`ru_maxrss`, after load and at the end). Each configuration runs in
@@ -152,8 +154,12 @@ def main() -> None:
     ap.add_argument(
         "--smollm2",
         default=None,
-        help="also SmolLM2-135M's f32 folder: tp 1 and tp 3 (9 heads do not split in 2)",
+        help="also SmolLM2-135M's f32 folder, at the --smollm2-tp sizes",
     )
+    ap.add_argument("--smollm2-tp", default="1,2",
+                    help="SmolLM2's rows: 2 splits its 3 KV groups 2 + 1, 3 one each")  # fmt: skip
+    ap.add_argument("--no-tinyllama", action="store_true", help="SmolLM2's rows only")
+    ap.add_argument("--note", default=None, help="a line kept in the record (e.g. the load)")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--world", type=int, default=1)
@@ -171,19 +177,23 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.tokens, args.threads, args.world, args.placement)
     folder = Path(tempfile.gettempdir()) / f"linnet-tinyllama-shaped-{args.layers}l"
-    ckpt = build(folder, args.layers)
+    ckpt = folder if args.no_tinyllama else build(folder, args.layers)
     record = dict(provenance(), machine=machine(), shape=dict(SHAPE, layers=args.layers))
     record["load_before"] = os.getloadavg()
+    if args.note:
+        record["note"] = args.note
     if args.one_thread:
         cks = [ckpt] + ([Path(args.smollm2)] if args.smollm2 else [])
         record["rows"] = [launch(c, args.tokens, 1, threads=1) for c in cks]
     elif args.placed:
         record["rows"] = [launch(ckpt, args.tokens, 1, p) for p in ("none", "pipeline", "offload")]
     else:
-        record["rows"] = [launch(ckpt, args.tokens, 1), launch(ckpt, args.tokens, 2)]
+        worlds = [] if args.no_tinyllama else [1, 2]
+        record["rows"] = [launch(ckpt, args.tokens, w) for w in worlds]
         if args.smollm2:
             smol = Path(args.smollm2)
-            record["rows"] += [launch(smol, args.tokens, 1), launch(smol, args.tokens, 3)]
+            tps = [int(w) for w in args.smollm2_tp.split(",")]
+            record["rows"] += [launch(smol, args.tokens, w) for w in tps]
     record["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")

@@ -135,6 +135,7 @@ def load(
         from linnet.shard import jax_tp
 
         plan = jax_tp.mesh_plan(program, mesh)
+        program, params, plan = jax_tp.pad_uneven(program, params, plan)
         params = jax_tp.place_params(params, plan, mesh)
     if from_stablehlo is not None:
         from linnet.stablehlo import load_exports

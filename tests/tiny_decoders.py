@@ -123,11 +123,15 @@ TINY_EDGES: dict[tuple[str, str], str] = {
 #: KV heads fewer than ranks for the tensor-parallel tests (4 query heads over one KV head).
 SIDE_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
     ("LlamaForCausalLM", "kv1"): dict(_LLAMA, n_heads=4, n_kv=1),
+    # SmolLM2's heads scaled down: 9 heads over 3 KV heads (two ranks split them 2 + 1 KV
+    # groups), and an odd ffn (two ranks hold 50 and 49 of its rows).
+    ("LlamaForCausalLM", "kv3"): dict(_LLAMA, dim=72, ffn=99, n_heads=9, n_kv=3),
     # Four layers: a device budget below the model's size can stream some of them.
     ("LlamaForCausalLM", "deep"): dict(_LLAMA, n_layers=4),
 }
 SIDE_EDGES = {
     ("LlamaForCausalLM", "kv1"): "one KV head (fewer than 2 ranks)",
+    ("LlamaForCausalLM", "kv3"): "9 heads / 3 KV heads, ffn 99 (uneven over 2 ranks)",
     ("LlamaForCausalLM", "deep"): "four layers (host offload)",
 }
 

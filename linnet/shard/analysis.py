@@ -13,8 +13,10 @@ row-parallel: each rank multiplies its block and an `all_reduce` sums them. Wher
 cannot go (a graph output, a norm over the split axis, an embedding table, an op with no
 rule), the linears it came from (`Split.seeds`) are made whole again and the walk starts
 over, until nothing changes. Head counts are read where a reshape splits a feature axis
-into heads: not divisible by the world size is an error, a KV head count that divides the
-world size gives blocks shared by `world // n_kv` ranks.
+into heads: a KV head count that divides the world size gives blocks shared by
+`world // n_kv` ranks; more KV heads than ranks that the world size does not divide split
+unevenly, a KV group (its KV head and its query heads) a block, so each rank's attention is
+exact (SmolLM2's 3 KV heads over 2 ranks: 2 groups and 1); anything else is an error.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, Node
 from linnet.ir.ops import BINARY, COMPARE, LOGICAL, UNARY
 from linnet.ir.program import Program
-from linnet.shard.layout import ShardingError, Split, seeds_of
+from linnet.shard.layout import ShardingError, Split, is_uneven, seeds_of, span
 
 ELEMENTWISE = frozenset(UNARY + BINARY + COMPARE + LOGICAL + ("cast", "silu", "gelu", "where"))
 _MISSING = object()
@@ -48,18 +50,24 @@ class ShardPlan:
         for name, lay in self.params.items():
             if lay is not None:
                 kind = "column" if lay.axis == 0 else "row"
-                shared = (
-                    f", each block on {self.world // lay.parts} ranks"
-                    if lay.parts < self.world
-                    else ""
+                lines.append(
+                    f"  {name}: {kind}-parallel, axis {lay.axis} in {_blocks(lay, self.world)}"
                 )
-                lines.append(f"  {name}: {kind}-parallel, axis {lay.axis} in {lay.parts}{shared}")
         for name, lay in self.states.items():
             if lay is not None:
-                lines.append(f"  state {name}: axis {lay.axis} in {lay.parts}")
+                lines.append(f"  state {name}: axis {lay.axis} in {_blocks(lay, self.world)}")
         whole = sum(1 for lay in self.params.values() if lay is None)
         lines.append(f"  {whole} params whole on every rank")
         return "\n".join(lines)
+
+
+def _blocks(lay: Split, world: int) -> str:
+    if lay.parts < world:
+        return f"{lay.parts}, each block on {world // lay.parts} ranks"
+    if is_uneven(lay, world):
+        counts = [hi - lo for lo, hi in (span(lay.parts, r, world) for r in range(world))]
+        return f"{lay.parts}, uneven: {'+'.join(map(str, counts))} blocks by rank"
+    return str(lay.parts)
 
 
 def derive_plan(program: Program, world: int, max_rounds: int = 256) -> ShardPlan:
@@ -179,23 +187,33 @@ def _reshape_axis(src, dst, axis: int) -> int | None:
 
 
 def _heads(w: _Walker, lay: Split, size: Poly) -> Split:
-    """`lay` on an axis of `size` blocks (heads): divisible, or fewer heads than ranks
-    (then `world // heads` ranks share each head, and the walk restarts with that)."""
+    """`lay` on an axis of `size` blocks (heads): divisible; fewer heads than ranks (then
+    `world // heads` ranks share each head); or more heads than ranks, split unevenly one
+    head a block (attention then groups query heads by KV head: `_attention`). The last two
+    restart the walk with the linears the split came from cut that way."""
     n = size.value if size.is_const else None
     if n is not None and n % lay.parts == 0:
         return lay
-    if n is not None and lay.parts == w.world and w.world % n == 0:
-        for seed in lay.seeds:  # from now on, in this round too
-            w.parts[seed] = n
-            w.params[seed] = Split(0, n, frozenset({seed}))
-            if w.bias_of.get(seed):
-                w.params[w.bias_of[seed]] = Split(0, n, frozenset({seed}))
-        w.changed = True
+    finer = lay.parts == w.world or (n is not None and lay.parts % n == 0)  # rows -> heads
+    if n is not None and finer and (w.world % n == 0 or n > w.world):
+        _reseed(w, lay.seeds, n)
         return Split(lay.axis, n, lay.seeds)
     raise ShardingError(
         f"{', '.join(sorted(lay.seeds))}: {size} heads do not split over {w.world} ranks "
-        f"(tensor_parallel must divide the head count, or be a multiple of a KV head count)"
+        f"(more heads than ranks split along whole KV groups; fewer need the ranks to be a "
+        f"multiple of the heads, so that each head is shared by as many ranks)"
     )
+
+
+def _reseed(w: _Walker, seeds: frozenset, parts: int) -> None:
+    """Cut the column-parallel linears `seeds` (and their biases) in `parts` blocks, from
+    now on (in this round too)."""
+    for seed in seeds:
+        w.parts[seed] = parts
+        w.params[seed] = Split(0, parts, frozenset({seed}))
+        if w.bias_of.get(seed):
+            w.params[w.bias_of[seed]] = Split(0, parts, frozenset({seed}))
+    w.changed = True
 
 
 def _reshape(w: _Walker, node: Node, ins) -> Split | None:
@@ -308,11 +326,20 @@ def _attention(w: _Walker, node: Node, ins) -> Split | None:
     if len(node.inputs) > 3 and node.attrs.get("sinks"):
         w.conflict(seeds, "attention sinks are one param over all heads")
         return None
-    if q.parts != w.world:
+    if not k.same(v):
+        w.conflict(seeds, "attention's keys and values split unlike each other")
+        return None
+    hq = node.inputs[0].type.shape[1]
+    if k.parts >= w.world and q.parts != k.parts:  # each rank's queries: its KV heads' groups
+        _reseed(w, q.seeds, k.parts)
+        return Split(1, k.parts, seeds)
+    if q.parts != w.world and k.parts < w.world:
         raise ShardingError(
-            f"{node.inputs[0].type.shape[1]} query heads do not split over {w.world} ranks"
+            f"{hq} heads do not split over {w.world} ranks (with "
+            f"{node.inputs[1].type.shape[1]} KV heads shared by several ranks, the query "
+            f"heads must split evenly)"
         )
-    if not k.same(v) or k.parts > q.parts or w.world % k.parts:
+    if w.world % min(k.parts, w.world):
         w.conflict(seeds, "attention's keys and values split unlike its queries")
         return None
     return Split(1, q.parts, seeds)
@@ -332,6 +359,9 @@ def _linear(w: _Walker, node: Node, ins) -> Split | None:
         seed = frozenset({wname})
         w.bias_of[wname] = bname
         parts = w.parts.get(wname, w.world)
+        rows = weight.type.shape[0]
+        if wname not in w.parts and rows.is_const and rows.value % parts and rows.value > parts:
+            parts = rows.value  # the world does not divide its rows: a row a block, unevenly
         w.use_param(wname, Split(0, parts, seed))
         w.use_param(bname, Split(0, parts, seed))
         return Split(rank - 1, parts, seed)
@@ -339,10 +369,10 @@ def _linear(w: _Walker, node: Node, ins) -> Split | None:
         w.use_param(wname, None)
         w.use_param(bname, None)
         return x
-    if not params_ok or x.parts != w.world:
+    if not params_ok or x.parts < w.world:  # every block on one rank: the sum is exact
         w.conflict(x.seeds, "a linear over a split axis without a param weight")
         return None
-    w.use_param(wname, Split(1, w.world, x.seeds))
+    w.use_param(wname, Split(1, x.parts, x.seeds))
     w.use_param(bname, None)
     w.row_parallel[w.entry].add(id(node))
     return None

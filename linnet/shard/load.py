@@ -15,14 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from linnet.shard.layout import Split, block
+from linnet.shard.layout import Split, local_range
 from linnet.weights.plan import Plan
 
 
 def _index(shape: tuple[int, ...], lay: Split, rank: int, world: int) -> tuple:
-    size = shape[lay.axis] // lay.parts
-    lo = block(lay.parts, rank, world) * size
-    return tuple(slice(lo, lo + size) if a == lay.axis else slice(None) for a in range(len(shape)))
+    lo, hi = local_range(shape[lay.axis], lay, rank, world)
+    return tuple(slice(lo, hi) if a == lay.axis else slice(None) for a in range(len(shape)))
 
 
 def _read_slice(plan: Plan, name: str, index: tuple):

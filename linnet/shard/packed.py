@@ -11,23 +11,27 @@ refused before anything is read.
 
 from __future__ import annotations
 
-from linnet.shard.layout import ShardingError, Split
+from linnet.shard.layout import ShardingError, Split, local_range
 from linnet.weights.gguf_packed import BLOCK
 
 
-def check_blocks(program, layouts: dict[str, Split | None], kind: str) -> None:
-    """Refuse a row-parallel split that cuts `kind`'s blocks."""
+def check_blocks(program, layouts: dict[str, Split | None], kind: str, world=None) -> None:
+    """Refuse a row-parallel split that cuts `kind`'s blocks on any of `world` ranks
+    (default: as many ranks as blocks)."""
     for name, lay in layouts.items():
         typ = program.params.get(name)  # a TensorType
-        if lay is None or typ is None or len(typ.shape) != 2:
+        if lay is None or typ is None or len(typ.shape) != 2 or lay.axis != 1:
             continue
         cols = typ.shape[1]
         cols = getattr(cols, "value", cols)
-        whole_blocks = isinstance(cols, int) and cols % BLOCK[kind] == 0
-        if lay.axis == 1 and whole_blocks and (cols // lay.parts) % BLOCK[kind]:
+        if not isinstance(cols, int) or cols % BLOCK[kind]:
+            continue
+        n = world or lay.parts
+        per_rank = sorted({hi - lo for lo, hi in (local_range(cols, lay, r, n) for r in range(n))})
+        if any(c % BLOCK[kind] for c in per_rank):
             raise ShardingError(
                 f"{kind} packs {BLOCK[kind]} values per block along a weight's input axis; "
-                f"{name}'s {cols} columns over {lay.parts} ranks are "
-                f"{cols // lay.parts} per rank, which cuts blocks: use fewer ranks or "
-                f"a dtype with smaller blocks (q8_0, q4_0: 32)"
+                f"{name}'s {cols} columns over {n} ranks are "
+                f"{' or '.join(map(str, per_rank))} per rank, which cuts blocks: use fewer "
+                f"ranks or a dtype with smaller blocks (q8_0, q4_0: 32)"
             )

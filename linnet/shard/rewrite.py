@@ -11,68 +11,113 @@ a plan that does not fit the graph fails here, not at run time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import finish, verify
 from linnet.ir.program import Program
 from linnet.ir.types import TensorType
 from linnet.shard.analysis import ShardPlan
-from linnet.shard.layout import ShardingError, Split
+from linnet.shard.layout import ShardingError, Split, is_uneven, local_range
+
+Sizer = Callable[[object, Split, str], Poly]  # (an axis's size, its split, what) -> size
 
 
-def local_type(t: TensorType, lay: Split | None, what: str) -> TensorType:
-    """`t` as one rank holds it."""
+def local_size(size, lay: Split, rank: int, world: int, what: str) -> Poly:
+    """How much of an axis of `size` rank `rank` holds (ranks differ in an uneven split)."""
+    size = _blocks_of(size, lay, what)
+    lo, hi = local_range(size.value, lay, rank, world)
+    return Poly.const(hi - lo)
+
+
+def padded_size(size, lay: Split, world: int, what: str) -> Poly:
+    """An axis of `size` with an uneven split grown by zero blocks to a multiple of `world`
+    blocks (3 KV groups over 2 devices: 4); other axes unchanged."""
+    size = _blocks_of(size, lay, what)
+    return Poly.const(size.value // lay.parts * padded_parts(lay, world))
+
+
+def padded_parts(lay: Split, world: int) -> int:
+    return -(-lay.parts // world) * world if is_uneven(lay, world) else lay.parts
+
+
+def _blocks_of(size, lay: Split, what: str) -> Poly:
+    size = Poly.lift(size)
+    if not size.is_const or size.value % lay.parts:
+        raise ShardingError(f"{what}: an axis of {size} does not split in {lay.parts}")
+    return size
+
+
+def _sized(t: TensorType, lay: Split | None, what: str, sizer: Sizer) -> TensorType:
     if lay is None:
         return t
     shape = list(t.shape)
-    size = shape[lay.axis]
-    if not size.is_const or size.value % lay.parts:
-        raise ShardingError(f"{what}: axis {lay.axis} of {t} does not split in {lay.parts}")
-    shape[lay.axis] = Poly.const(size.value // lay.parts)
+    shape[lay.axis] = sizer(shape[lay.axis], lay, f"{what} ({t})")
     return t.with_shape(shape)
+
+
+def local_type(t: TensorType, lay: Split | None, what: str, rank: int, world: int) -> TensorType:
+    """`t` as rank `rank` of `world` holds it."""
+    return _sized(t, lay, what, lambda n, s, w: local_size(n, s, rank, world, w))
 
 
 def local_program(plan: ShardPlan, rank: int) -> Program:
     """Rank `rank`'s program: the one `plan` was derived from, at local shapes."""
-    program = plan.program
     if not 0 <= rank < plan.world:
         raise ShardingError(f"rank {rank} outside a world of {plan.world}")
-    graphs = {entry: _local_graph(g, plan, entry) for entry, g in program.graphs.items()}
-    params = {n: local_type(t, plan.params.get(n), n) for n, t in program.params.items()}
+    return _rewritten(plan, lambda n, s, w: local_size(n, s, rank, plan.world, w), True)
+
+
+def padded_program(plan: ShardPlan) -> Program:
+    """The whole program with each uneven split axis padded to a multiple of the world's
+    blocks, no collectives: what a mesh runs when `NamedSharding` needs even blocks."""
+    return _rewritten(plan, lambda n, s, w: padded_size(n, s, plan.world, w), False)
+
+
+def _rewritten(plan: ShardPlan, sizer: Sizer, collectives: bool) -> Program:
+    program = plan.program
+    graphs = {
+        entry: _local_graph(g, plan, entry, sizer, collectives)
+        for entry, g in program.graphs.items()
+    }
+    params = {n: _sized(t, plan.params.get(n), n, sizer) for n, t in program.params.items()}
     return Program(program.name, program.config, graphs, params, dict(program.tied))
 
 
-def _frame(graph: Graph, plan: ShardPlan) -> tuple[Graph, dict]:
+def _frame(graph: Graph, plan: ShardPlan, sizer: Sizer) -> tuple[Graph, dict]:
     out = Graph(graph.name, dim_inputs=dict(graph.dim_inputs))
     out._next_id = graph._next_id
     mapping = {v: out.input(v.name, v.type) for v in graph.inputs}
     for name, v in graph.params.items():
-        mapping[v] = out.param(name, local_type(v.type, plan.params.get(name), name))
+        mapping[v] = out.param(name, _sized(v.type, plan.params.get(name), name, sizer))
     for name, v in graph.states.items():
-        mapping[v] = out.state(name, local_type(v.type, plan.states.get(name), name))
+        mapping[v] = out.state(name, _sized(v.type, plan.states.get(name), name, sizer))
     return out, mapping
 
 
-def _local_attrs(node, lay: dict) -> dict:
-    """Attrs that spell a split axis's size, at the block's size."""
+def _local_attrs(node, lay: dict, sizer: Sizer) -> dict:
+    """Attrs that spell a split axis's size, at this rank's (or the padded) size."""
     attrs = dict(node.attrs)
     if node.op == "reshape" and lay.get(node.output) is not None:
         split = lay[node.output]
         shape = list(attrs["shape"])
-        shape[split.axis] = Poly.const(Poly.lift(shape[split.axis]).value // split.parts)
+        shape[split.axis] = sizer(shape[split.axis], split, "a reshape")
         attrs["shape"] = tuple(shape)
     elif node.op == "slice" and lay.get(node.inputs[0]) is not None:
         split = lay[node.inputs[0]]
         stops = list(attrs["stops"])
-        stops[split.axis] = Poly.const(Poly.lift(stops[split.axis]).value // split.parts)
+        stops[split.axis] = sizer(stops[split.axis], split, "a slice")
         attrs["stops"] = tuple(stops)
     return attrs
 
 
-def _local_graph(graph: Graph, plan: ShardPlan, entry: str) -> Graph:
-    out, mapping = _frame(graph, plan)
+def _local_graph(
+    graph: Graph, plan: ShardPlan, entry: str, sizer: Sizer, collectives: bool
+) -> Graph:
+    out, mapping = _frame(graph, plan, sizer)
     lay = plan.layouts[entry]
-    row_parallel = plan.row_parallel[entry]
+    row_parallel = plan.row_parallel[entry] if collectives else set()
     b = GraphBuilder(out)
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
@@ -81,11 +126,11 @@ def _local_graph(graph: Graph, plan: ShardPlan, entry: str) -> Graph:
             y = b.add("all_reduce", [y], where=node.where)
             result = b.add("add", [y, ins[2]], where=node.where) if len(ins) > 2 else y
         else:
-            result = b.add(node.op, ins, where=node.where, **_local_attrs(node, lay))
+            result = b.add(node.op, ins, where=node.where, **_local_attrs(node, lay, sizer))
         if node.output is not None:
             mapping[node.output] = result
     for v in graph.outputs:  # split to the end (the logits of a vocab-parallel lm_head)
-        if lay.get(v) is not None:
+        if collectives and lay.get(v) is not None:
             mapping[v] = b.add("all_gather", [mapping[v]], axis=lay[v].axis, world=plan.world)
     local = finish(graph, out, mapping)
     verify(local)

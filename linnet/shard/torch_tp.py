@@ -85,7 +85,7 @@ def load_tensor_parallel(
     program = source.program(config)
     shard = derive_plan(program, world)  # before any collective: a bad config fails alike
     if quant is not None:
-        check_blocks(program, shard.params, quant)
+        check_blocks(program, shard.params, quant, world)
     rank = init_group(world, device)
     torch_dtype = getattr(
         torch, {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[config["act"]]

@@ -18,11 +18,12 @@ from tests.numeric import assert_within
 from tests.parallel.jax_worker import IDS
 from tests.tiny_decoders import build_tiny, reference_greedy
 
-# every decoder family of zoo/llama.linnet and zoo/gpt2.linnet (the first: 8 heads, which
-# the third device of the worker's process must refuse)
+# every decoder family of zoo/llama.linnet and zoo/gpt2.linnet (the first: 8 heads over 2 KV
+# heads, which the third device of the worker's process must refuse)
 CHECKPOINTS = [
     ("llama", "base"), ("llama", "kv1"), ("llama", "attn_bias"), ("mistral", "base"),
     ("qwen2", "base"), ("qwen3", "base"), ("phi3", "base"), ("gpt2", "base"),
+    ("llama", "kv3"),  # 9 heads / 3 KV heads, ffn 99: padded to 4 KV groups and 100 rows
 ]  # fmt: skip
 WORKER = Path(__file__).with_name("jax_worker.py")
 
@@ -72,9 +73,47 @@ def test_bad_meshes_are_refused_with_a_clear_error(jax_run):
     said = jax_run[1]["refused"]
     assert "axis named 'tp'" in said["no_tp_axis"]
     assert said["heads_not_divisible"].startswith("ShardingError: ")
-    assert "8 heads do not split over 3 ranks" in said["heads_not_divisible"]
+    assert "2 heads do not split over 3 ranks" in said["heads_not_divisible"]  # the KV heads
     assert "needs 5 devices, found 3" in said["too_few_devices"]
     assert "xla_force_host_platform_device_count=5" in said["too_few_devices"]
+
+
+def test_uneven_kv_groups_are_padded_to_even_blocks_on_a_mesh():
+    """PyTorch splits 3 KV groups over 2 ranks 2 + 1; NamedSharding splits evenly, so the
+    mesh pads a zero fourth group (and ffn 99 to 100) and shards that."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from linnet.shard.jax_tp import mesh_plan, pad_uneven
+    from linnet.source import Source
+    from tests.tiny_decoders import tiny_fields
+
+    src = Source.load("zoo/llama.linnet")
+    program = src.program(src.config(dict(tiny_fields("llama", "kv3"), act="f32")))
+    plan = mesh_plan(program, SimpleNamespace(shape={"tp": 2}))
+    rng = np.random.default_rng(0)
+    params = {
+        n: rng.standard_normal([d.value for d in t.shape]).astype(np.float32)
+        for n, t in program.params.items()
+    }
+    padded, got, even = pad_uneven(program, params, plan)
+    want = {"wq": (96, 72), "wk": (32, 72), "wo": (72, 96), "gate": (100, 72), "down": (72, 100)}
+    for name, shape in want.items():
+        x, t = got[f"layers.0.{name}"], padded.params[f"layers.0.{name}"]
+        assert x.shape == shape == tuple(d.value for d in t.shape), name
+        lay = even.params[f"layers.0.{name}"]
+        assert lay.parts % 2 == 0, name  # even blocks: one half per device
+        n = params[f"layers.0.{name}"].shape[lay.axis]
+        kept = np.take(x, range(n), axis=lay.axis)
+        np.testing.assert_array_equal(kept, params[f"layers.0.{name}"])
+        assert not np.take(x, range(n, x.shape[lay.axis]), axis=lay.axis).any()  # zeros
+    kv = padded.graphs["decode"].states["kv"].type.shape[3]
+    assert kv.value == 4 and even.states["kv"].parts == 4
+    assert (
+        pad_uneven(program, params, mesh_plan(program, SimpleNamespace(shape={"tp": 3})))[1]
+        is params
+    )  # 3 devices: even already, nothing padded
 
 
 def test_gpt_oss_two_devices_match_one(tmp_path):
@@ -111,6 +150,10 @@ def test_params_and_cache_are_sharded_by_the_plan(jax_run):
     assert base["shards"]["layers.0.down"] == [[64, 64], [64, 64]]
     assert base["shards"]["embed"] == [[256, 64], [256, 64]]  # whole on each device
     assert base["state_specs"]["kv"].endswith("None, None, None, 'tp')")  # KV heads
+    kv3 = report["runs"][cks[-1]]  # padded: 4 KV groups of 3 query heads, ffn 100
+    assert kv3["shards"]["layers.0.wq"] == [[48, 72], [48, 72]]
+    assert kv3["shards"]["layers.0.wk"] == [[16, 72], [16, 72]]
+    assert kv3["shards"]["layers.0.down"] == [[72, 50], [72, 50]]
     kv1 = report["runs"][cks[1]]  # one KV head: k/v and the cache replicated
     assert kv1["shards"]["layers.0.wk"] == [[16, 64], [16, 64]]  # head_dim 64 / 4
     assert "tp" not in kv1["state_specs"]["kv"]

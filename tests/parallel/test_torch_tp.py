@@ -31,6 +31,7 @@ from tests.tiny_decoders import build_tiny, probe_ids, reference_greedy
 CHECKPOINTS = [
     ("llama", "base"),  # GQA 8 heads / 2 KV: both split
     ("llama", "kv1"),  # KV heads fewer than ranks: replicated per rank
+    ("llama", "kv3"),  # 9 heads / 3 KV heads, ffn 99: uneven, 2 + 1 KV groups, 50 + 49 rows
     ("llama", "attn_bias"),  # biases on column (q, k, v) and row-parallel (o) linears
     ("mistral", "base"),  # sliding window
     ("qwen2", "base"),  # q/k/v biases without an o bias, tied head
@@ -100,11 +101,35 @@ def test_one_kv_head_over_two_ranks_keeps_attention_split():
     assert (plan.params["layers.0.wo"].axis, plan.params["layers.0.wo"].parts) == (1, 2)
 
 
+def _local_rows(plan, name: str) -> list[int]:
+    """Each rank's size of `name`'s split axis."""
+    out = []
+    for rank in range(plan.world):
+        shape = local_program(plan, rank).params[name].shape
+        out.append(shape[plan.params[name].axis].value)
+    return out
+
+
+def test_kv_groups_split_unevenly_when_the_ranks_do_not_divide_them():
+    plan = _plan("llama", "kv3", 2)  # 9 heads of 8, 3 KV heads: groups of 3 query heads
+    assert _local_rows(plan, "layers.0.wk") == [16, 8]  # KV heads 0-1 on rank 0, 2 on rank 1
+    assert _local_rows(plan, "layers.0.wq") == [48, 24]  # their query heads: 0-5, 6-8
+    assert _local_rows(plan, "layers.0.wo") == [48, 24]  # row-parallel over the same heads
+    assert _local_rows(plan, "layers.0.gate") == [50, 49]  # ffn 99: a row a block
+    assert _local_rows(plan, "layers.0.down") == [50, 49]
+    kv = [local_program(plan, r).graphs["decode"].states["kv"].type.shape[3] for r in (0, 1)]
+    assert [d.value for d in kv] == [2, 1]
+    assert "axis 0 in 3, uneven: 2+1 blocks by rank" in plan.describe()
+    plan = _plan("llama", "mha", 3)  # 4 heads, 4 KV heads over 3 ranks: 2 + 1 + 1
+    assert _local_rows(plan, "layers.0.wk") == [32, 16, 16]
+    assert _local_rows(plan, "layers.0.up") == [43, 43, 42]  # ffn 128 over 3
+
+
 @pytest.mark.parametrize(
     "arch,variant,world,what",
     [
-        ("llama", "mha", 3, "4 heads"),
-        ("llama", "tied", 4, "6 heads"),
+        ("llama", "base", 3, "2 heads"),  # 2 KV heads: 3 ranks neither share nor split them
+        ("llama", "tied", 4, "6 heads"),  # KV heads shared, query heads uneven
         ("llama", "tied", 3, "2 heads"),
     ],
 )
@@ -180,13 +205,25 @@ def test_each_rank_holds_its_share_of_the_weights(tp_run):
     for ck, (arch, variant) in zip(cks, CHECKPOINTS, strict=True):
         full = linnet.torch.load(ck, dtype="f32")
         plan = derive_plan(full.source.program(full.config), 2)
-        share = 0
-        for name, t in full.params.items():
-            lay = plan.params.get(name)
-            share += t.numel() // (lay.parts if lay is not None else 1)
         for rank in (0, 1):
-            assert reports[rank]["param_elements"][ck.name] == share, (arch, variant)
-        assert share < sum(t.numel() for t in full.params.values())
+            share = _share(full.params, plan, rank, lambda t: t.numel())
+            assert reports[rank]["param_elements"][ck.name] == share, (arch, variant, rank)
+            assert share < sum(t.numel() for t in full.params.values())
+
+
+def _share(params, plan, rank: int, size) -> int:
+    """What `rank` holds of `params`, counted by `size` (elements or bytes)."""
+    from linnet.shard.layout import local_range
+
+    total = 0
+    for name, t in params.items():
+        lay = plan.params.get(name)
+        if lay is None:
+            total += size(t)
+            continue
+        lo, hi = local_range(t.shape[lay.axis], lay, rank, plan.world)
+        total += size(t) * (hi - lo) // t.shape[lay.axis]
+    return total
 
 
 def test_packed_q8_0_over_two_ranks_matches_one_device(tp_run):
@@ -219,12 +256,12 @@ def test_compiled_modes_are_refused_before_any_group_is_joined(tiny_dir, mode):
 
 
 def test_bad_config_fails_on_every_rank(tiny_dir, tmp_path):
-    ck = build_tiny("llama", "mha", out_dir=tiny_dir)  # 4 heads over 3 ranks
+    ck = build_tiny("llama", "base", out_dir=tiny_dir)  # 2 KV heads over 3 ranks
     job = dict(checkpoints=[str(ck)], modes=["interpret"], new_tokens=1, ids=[[1, 2]])
     codes, reports, logs = run_ranks(3, tmp_path, job, timeout_s=300)
     assert codes == [1, 1, 1], "\n".join(logs)
     for r in reports:
-        assert "ShardingError" in r["error"] and "4 heads do not split over 3 ranks" in r["error"]
+        assert "ShardingError" in r["error"] and "2 heads do not split over 3 ranks" in r["error"]
 
 
 def test_a_rank_that_dies_ends_the_others_with_an_error(tiny_dir, tmp_path):
@@ -284,14 +321,18 @@ def _port() -> int:
     return free_port()
 
 
-def test_smollm2_real_weights_over_three_ranks(smollm2_checkpoint, tmp_path):
-    """SmolLM2-135M: 9 heads and 3 KV heads split over 3 ranks (2 do not divide them)."""
+@pytest.mark.parametrize("world", [2, 3])
+def test_smollm2_real_weights_over_ranks(smollm2_checkpoint, tmp_path, world):
+    """SmolLM2-135M: 9 heads and 3 KV heads; over 3 ranks a KV group each, over 2 ranks
+    unevenly (2 KV groups and 1: 6 query heads and 3)."""
     ids = [[1, 504, 3458, 282, 4649, 314, 2114, 30, 378, 3458, 282, 6398, 314]]
     job = dict(checkpoints=[str(smollm2_checkpoint)], modes=["generated"], ids=ids)
     job["new_tokens"] = NEW_TOKENS
-    codes, reports, logs = run_ranks(3, tmp_path, job, timeout_s=1200)
-    assert codes == [0, 0, 0], "\n".join(logs)
+    codes, reports, logs = run_ranks(world, tmp_path, job, timeout_s=1200)
+    assert codes == [0] * world, "\n".join(logs)
     single = linnet.torch.load(smollm2_checkpoint, dtype="f32", mode="generated")
+    plan = derive_plan(single.source.program(single.config), world)
+    assert _local_rows(plan, "layers.0.wq") == {2: [384, 192], 3: [192] * 3}[world]
     want = single.forward(torch.tensor(ids))
     got = torch.load(tmp_path / f"{smollm2_checkpoint.name}-generated.pt")
     assert_within(float((got - want).abs().max()), 1e-5 * float(want.abs().max()))
@@ -299,17 +340,18 @@ def test_smollm2_real_weights_over_three_ranks(smollm2_checkpoint, tmp_path):
     assert single.generate(torch.tensor(ids), NEW_TOKENS).tolist() == tokens
     key = f"{smollm2_checkpoint.name}:generated"
     assert all(r["runs"][key]["tokens"] == tokens for r in reports)
-    # each rank's peak memory grows by about its share (the embedding whole, a third of the
-    # rest: 256 of 538 MB), far from the whole model a rank reading everything would hold
+    # each rank's peak memory grows by about its share (the embedding whole, its part of the
+    # rest; the file pages its memory map touched while slicing count too), below the whole
+    # model a rank reading everything would hold
     whole = sum(t.nbytes for t in single.params.values())
     for r in reports:
         run = r["runs"][key]
         grew = run["peak_rss_mb_after_load"] - run["peak_rss_mb_before_load"]
+        share = _share(single.params, plan, r["rank"], lambda t: t.nbytes)
         print(f"rank {r['rank']}: peak RSS {run['peak_rss_mb_after_load']:.0f} MB, "
-              f"+{grew:.0f} MB by its load (the model: {whole / 2**20:.0f} MiB)")  # fmt: skip
-        assert grew * 2**20 < 0.75 * whole, (r["rank"], grew)
-    with pytest.raises(ShardingError, match="9 heads do not split over 2 ranks"):
-        derive_plan(single.source.program(single.config), 2)
+              f"+{grew:.0f} MB by its load (its share {share / 2**20:.0f} MiB, "
+              f"the model {whole / 2**20:.0f} MiB)")  # fmt: skip
+        assert grew * 2**20 < min(whole, share + 0.3 * whole), (r["rank"], grew)
 
 
 def test_onnx_refuses_a_rank_program_clearly():
@@ -321,12 +363,13 @@ def test_onnx_refuses_a_rank_program_clearly():
         to_model(prepare(local, "forward"), [], {})
 
 
+@pytest.mark.parametrize("variant", ["base", "kv3"])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_rank_reads_exactly_its_share_of_the_bytes(tiny_dir, rank, monkeypatch):
+def test_a_rank_reads_exactly_its_share_of_the_bytes(tiny_dir, rank, variant, monkeypatch):
     from linnet.shard import load
     from linnet.weights.planning import plan_checkpoint
 
-    plan, source, config, _ = plan_checkpoint(build_tiny("llama", "base", out_dir=tiny_dir))
+    plan, source, config, _ = plan_checkpoint(build_tiny("llama", variant, out_dir=tiny_dir))
     shard = derive_plan(source.program(config), 2)
     whole = dict(plan.load(torch.float32))
     read = []
@@ -334,10 +377,15 @@ def test_a_rank_reads_exactly_its_share_of_the_bytes(tiny_dir, rank, monkeypatch
     monkeypatch.setattr(load, "_read_slice", lambda *a: read.append(sliced(*a)) or read[-1])
     full_read = plan.checkpoint.read
     plan.checkpoint.read = lambda name: read.append(full_read(name)) or read[-1]
-    dict(load.rank_params(plan, shard.params, rank, 2, torch.float32))
-    share = sum(t.nbytes // (shard.params[n].parts if shard.params.get(n) else 1)
-                for n, t in whole.items())  # fmt: skip
+    got = dict(load.rank_params(plan, shard.params, rank, 2, torch.float32))
+    share = _share(whole, shard, rank, lambda t: t.nbytes)
     assert sum(x.nbytes for x in read) == share < sum(t.nbytes for t in whole.values())
+    if variant == "kv3":  # rank 0: KV heads 0-1 and query heads 0-5; rank 1: the rest
+        rows = {0: slice(0, 48), 1: slice(48, 72)}[rank]
+        torch.testing.assert_close(got["layers.1.wq"], whole["layers.1.wq"][rows])
+        torch.testing.assert_close(got["layers.1.wo"], whole["layers.1.wo"][:, rows])
+        kv = {0: slice(0, 16), 1: slice(16, 24)}[rank]
+        torch.testing.assert_close(got["layers.1.wk"], whole["layers.1.wk"][kv])
 
 
 def test_a_rank_reads_split_tensors_as_slices_not_whole(tiny_dir):
