@@ -15,11 +15,12 @@ import torch
 
 from linnet.train.grpo import completion_logps
 from linnet.train.head import LmHead, labelled_logps, last_logps, split_head
-from linnet.train.lora import LoraSpec
+from linnet.train.lora import LoraSpec, lora_graph
 from linnet.train.lora_base import LoraCheckpoint
 from linnet.train.module import trainable_module
 from linnet.train.objectives import token_logps
 from linnet.train.peft_format import merge_lora, save_adapter
+from linnet.train.prefix import PrefixRunner, hidden_decode
 from linnet.train.tokens import IGNORE
 
 
@@ -36,7 +37,7 @@ class LoraModel(LoraCheckpoint):
         cut_head=True,
     ):
         initial = self._adapt(checkpoint, spec, adapters, seed)
-        self.numerics = numerics
+        self.numerics, self.checkpointed = numerics, checkpoint_layers
         self.base = checkpoint.torch_params()
         # the LM head apart: losses run it only where they read logits (train/head.py)
         program, self.head_spec = (
@@ -53,6 +54,7 @@ class LoraModel(LoraCheckpoint):
         self.head = LmHead.of(self.head_spec, self.module) if self.head_spec else None
         self._reference = None
         self._sampler = None  # the rollout decoder, kept across steps
+        self._prefix: dict = {}  # reference? -> PrefixRunner or None (train/prefix.py)
 
     def _without_head(self, program):
         """The program whose `forward` stops before the LM head, and the head; or the
@@ -82,13 +84,39 @@ class LoraModel(LoraCheckpoint):
 
     def completion_logps(self, ids, completion, temperature, *, reference=False):
         """`grpo.completion_logps` of this model's (or the reference's) logits, the head
-        run on the completion's positions only."""
+        run on the completion's positions only; a prompt all rows share is run once."""
         if self.head is None:
             logits = self.reference(ids) if reference else self(ids)
             return completion_logps(logits, completion, temperature)
         module = self._reference_module() if reference else self.module
+        start = ids.shape[1] - completion.shape[1]
+        shared = start > 0 and ids.shape[0] > 1 and bool((ids[:, :start] == ids[:1, :start]).all())
+        runner = self._prefix_runner(reference) if shared else None
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
-            return last_logps(module, self.head, ids, completion, temperature)
+            if runner is None:
+                return last_logps(module, self.head, ids, completion, temperature)
+            hidden = runner.hidden(ids[0, :start], completion)
+            rows = hidden.reshape(-1, hidden.shape[-1])
+            picked = self.head.logps(rows, completion.reshape(-1), temperature)
+            return picked.reshape(completion.shape)
+
+    def _prefix_runner(self, reference: bool):
+        """The shared-prompt runner (train/prefix.py), or None: no `decode` entry to cut,
+        LoRA dropout (PEFT draws a mask per row, prompt included) or layer checkpointing
+        (the caller chose memory over the repeated prompt)."""
+        if reference not in self._prefix:
+            decode = self.base_program.graphs.get("decode")
+            graph = hidden_decode(decode) if decode is not None else None
+            if graph is None or self.spec.dropout or self.checkpointed:
+                self._prefix[reference] = None
+                return None
+            program = self.base_program if reference else self.program
+            if not reference:
+                graph = lora_graph(graph, self.targets, self.spec.r, self.spec.scale)
+            module = self._reference_module() if reference else self.module
+            weights = module.state_dict(keep_vars=True)
+            self._prefix[reference] = PrefixRunner(program, graph, weights, self.numerics)
+        return self._prefix[reference]
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from linnet.core.dims import Poly
 from linnet.errors import LinnetError
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import copy_frame, finish
@@ -76,16 +77,43 @@ def match_targets(graph: Graph, patterns: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def _lora_branch(b: GraphBuilder, node, x, a, bw, scale: float):
-    down = b.add("linear", [x, a], where=node.where, **node.attrs)
+def _lora_up(b: GraphBuilder, node, down, bw, scale: float):
     up = b.add("linear", [down, bw], where=node.where, **node.attrs)
     dtype = up.type.dtype
     factor = b.add("const", [], value=np.asarray(scale, dtype=np.float64), dtype=dtype)
     return b.add("mul", [up, factor])
 
 
-def lora_graph(graph: Graph, targets: list[str], r: int, scale: float) -> Graph:
-    """`graph` with a LoRA branch beside every linear whose weight is in `targets`."""
+def _shared_inputs(graph: Graph, weights: dict) -> dict:
+    """Target linears grouped by the value they read (q, k, v read one; gate, up one):
+    {id(first node of a group): the group's nodes}, groups of two or more only."""
+    groups: dict = {}
+    for node in graph.nodes:
+        if node.op == "linear" and node.inputs[1] in weights:
+            groups.setdefault(node.inputs[0], []).append(node)
+    return {id(nodes[0]): nodes for nodes in groups.values() if len(nodes) > 1}
+
+
+def _fused_downs(b: GraphBuilder, nodes, x, a_params: list) -> list:
+    """One matmul for the A projections of linears reading `x`: the A's joined along their
+    rows, then a slice per target (each column the same dot product as alone)."""
+    first = nodes[0]
+    joined = b.add("concat", a_params, axis=0)
+    down = b.add("linear", [x, joined], where=first.where, **first.attrs)
+    rank, lo, outs = down.type.rank, 0, []
+    for a in a_params:
+        width = a.type.shape[0].value
+        starts = (Poly.const(0),) * (rank - 1) + (Poly.const(lo),)
+        stops = tuple(down.type.shape[:-1]) + (Poly.const(lo + width),)
+        outs.append(b.add("slice", [down], starts=starts, stops=stops))
+        lo += width
+    return outs
+
+
+def lora_graph(graph: Graph, targets: list[str], r: int, scale: float, fuse=True) -> Graph:
+    """`graph` with a LoRA branch beside every linear whose weight is in `targets`;
+    `fuse`: the A projections of targets that read one input as one matmul (without
+    dropout only: PEFT draws each branch's dropout mask apart)."""
     out, mapping = copy_frame(graph)
     weights = {graph.params[t]: t for t in targets}
     for t in targets:
@@ -93,14 +121,24 @@ def lora_graph(graph: Graph, targets: list[str], r: int, scale: float) -> Graph:
         a_name, b_name = lora_names(t)
         out.param(a_name, w.with_shape((r, w.shape[1])))
         out.param(b_name, w.with_shape((w.shape[0], r)))
+    shared = _shared_inputs(graph, weights) if fuse else {}
+    downs: dict = {}  # id(target node) -> its A projection, made with its group's first
     b = GraphBuilder(out)
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
         result = b.add(node.op, ins, where=node.where, **node.attrs)
         target = weights.get(node.inputs[1]) if node.op == "linear" else None
         if target is not None:
+            if id(node) in shared:
+                group = shared[id(node)]
+                a_params = [out.params[lora_names(weights[n.inputs[1]])[0]] for n in group]
+                made = _fused_downs(b, group, ins[0], a_params)
+                downs.update({id(n): d for n, d in zip(group, made)})
             a_name, b_name = lora_names(target)
-            branch = _lora_branch(b, node, ins[0], out.params[a_name], out.params[b_name], scale)
+            down = downs.pop(id(node), None)
+            if down is None:
+                down = b.add("linear", [ins[0], out.params[a_name]], where=node.where, **node.attrs)
+            branch = _lora_up(b, node, down, out.params[b_name], scale)
             result = b.add("add", [result, branch])
         if node.output is not None:
             mapping[node.output] = result
@@ -112,7 +150,7 @@ def add_lora(program: Program, spec: LoraSpec) -> tuple[Program, list[str]]:
     (base weight names)."""
     forward = program.graphs["forward"]
     targets = match_targets(forward, spec.targets)
-    graph = lora_graph(forward, targets, spec.r, spec.scale)
+    graph = lora_graph(forward, targets, spec.r, spec.scale, fuse=spec.dropout == 0.0)
     params = dict(program.params)
     for t in targets:
         for name in lora_names(t):

@@ -119,6 +119,38 @@ def test_completion_logps_and_gradients(tiny_checkpoint, temperature):
     assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
 
 
+@pytest.mark.parametrize("variant,width", [("base", 5), ("tied", 5), ("base", 1)])
+def test_shared_prompt_runs_once(tiny_checkpoint, variant, width):
+    """A group's rows that share their prompt (GRPO's): the prompt runs once at batch 1
+    through the adapted `decode` and its cache serves every row (train/prefix.py), with
+    the whole forward's log-probs and LoRA gradients, and the reference's log-probs."""
+    cut, uncut = pair(tiny_checkpoint("llama", variant))
+    gen = torch.Generator().manual_seed(6)
+    prompt = torch.randint(2, 256, (1, 9), generator=gen).repeat(4, 1)
+    completion = torch.randint(2, 256, (4, width), generator=gen)
+    ids = torch.cat([prompt, completion], dim=1)
+    upstream = torch.randn(4, width, generator=gen)
+    want = completion_logps(uncut(ids), completion, 0.7)
+    (want * upstream).sum().backward()
+    got = cut.completion_logps(ids, completion, 0.7)
+    (got * upstream).sum().backward()
+    assert_close(got, want, atol=1e-5, rtol=1e-5, what="completion log-probs")
+    assert_grads_equal(grads(cut), grads(uncut))
+    runner = cut._prefix[False]
+    shapes = []
+    decode = runner.module.decode
+    runner.module.decode = lambda tokens, *a, **k: (
+        shapes.append(tuple(tokens.shape)) or decode(tokens, *a, **k)
+    )
+    with torch.no_grad():
+        cut.completion_logps(ids, completion, 0.7)
+    assert shapes == [(1, 9)] + ([(4, width - 1)] if width > 1 else [])  # the prompt once
+    ref = cut.completion_logps(ids, completion, 0.7, reference=True)
+    want_ref = completion_logps(uncut.reference(ids), completion, 0.7)
+    assert cut._prefix[True] is not None
+    assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
+
+
 def test_a_trained_head_is_not_cut(tiny_checkpoint):
     folder = tiny_checkpoint("llama", "base")
     model = LoraModel.load(folder, LoraSpec(("layers.*.wq", "lm_head"), r=2))

@@ -1,0 +1,126 @@
+"""GRPO's loss with the group's shared prompt run once (issue 17).
+
+A GRPO group is one prompt and `G` completions. The loss's forward over the [G, P + C] rows
+ran the prompt's P positions once per row, though under the causal mask they are the same
+in every row (a SmolLM2 prompt with its chat template is about 44 tokens, a completion 6
+to 16). `PrefixRunner` runs the source's `decode` entry with autograd on instead: the
+prompt at batch 1 (its keys and values written into a cache exactly P long), that cache
+repeated `G` times along the batch axis (a differentiable copy: the prompt's gradient is
+the sum of the rows'), then the completions at batch G from position P. The positions,
+the causal mask and every op are the same as the full forward's; only the matmuls' shapes
+(and so their rounding) differ.
+
+The `decode` graph returns the last position's logits; `hidden_decode` cuts it to return
+the head's input (the final norm) at every new position, as `head.split_head` does for
+`forward`, and the head scores the completion's rows (`LmHead.logps`).
+
+The cache is split per layer and k/v (`split_entry_states`): each part is written once per
+call before it is read, so autograd's version counters never see a saved view modified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from linnet.backends.torch.codegen import generate_graphs
+from linnet.backends.torch.runners import load_generated, split_entry_states
+from linnet.ir.graph import Graph, GraphBuilder
+from linnet.ir.passes import copy_frame
+from linnet.ir.pipeline import run_pipelines
+from linnet.ir.program import Program
+
+_TAIL_OPS = ("reshape", "slice", "cast")
+
+
+def hidden_decode(graph: Graph) -> Graph | None:
+    """`decode` returning the final norm's output at every new position, [B, S, dim];
+    None when its tail is not `slice(last position) -> norm -> linear -> cast/slice`."""
+    if len(graph.outputs) != 1:
+        return None
+    made = {n.output: n for n in graph.nodes if n.output is not None}
+    node = made.get(graph.outputs[0])
+    while node is not None and node.op in _TAIL_OPS:
+        node = made.get(node.inputs[0])
+    norm = made.get(node.inputs[0]) if node is not None and node.op == "linear" else None
+    cut = made.get(norm.inputs[0]) if norm is not None else None
+    if cut is None or cut.op != "slice":
+        return None
+    out, mapping = copy_frame(graph)
+    b = GraphBuilder(out)
+    dropped = {cut.output}
+    for n in graph.nodes:
+        if n is norm or any(v in dropped for v in n.inputs):
+            if n.output is not None:
+                dropped.add(n.output)
+            continue
+        result = b.add(n.op, [mapping[v] for v in n.inputs], where=n.where, **n.attrs)
+        if n.output is not None:
+            mapping[n.output] = result
+    ins = [mapping[cut.inputs[0]]] + [mapping[v] for v in norm.inputs[1:]]
+    out.outputs = [b.add(norm.op, ins, where=norm.where, **norm.attrs)]
+    if any(v in dropped for v in graph.state_outputs.values()):
+        return None
+    out.state_outputs = {k: mapping[v] for k, v in graph.state_outputs.items()}
+    return out
+
+
+class PrefixRunner:
+    """The hidden-state `decode` of `program` (LoRA applied or not) as a generated module
+    over `weights` (the training module's own tensors: the same leaves get the gradients)."""
+
+    def __init__(self, program: Program, graph: Graph, weights: dict, numerics: str):
+        ready = run_pipelines({"decode": graph}, "torch.generated")
+        graphs, self.parts = split_entry_states({"decode": ready["decode"].graph})
+        self.graph = graphs["decode"]
+        program = replace(program, graphs={"decode": graph})
+        module = load_generated(generate_graphs(program, graphs, numerics), program.name)()
+        given = {n: weights[n] for n in module.state_dict()}
+        trains = {n: w.requires_grad for n, w in given.items()}
+        module.load_state_dict(given, assign=True)  # takes each placeholder's requires_grad
+        for name, w in given.items():
+            w.requires_grad_(trains[name])
+        self.module = module
+
+    def _cache(self, rows: int, length: int, like: torch.Tensor) -> dict:
+        """Zeroed parts `length` positions long (the graph's position axis is the one
+        sized by the source's cache length, read from the part's type)."""
+        out = {}
+        for name, value in self.graph.states.items():
+            shape = [d.value if d.is_const else rows for d in value.type.shape]
+            shape[self._position_axis(value)] = length
+            out[name.replace(".", "_")] = like.new_zeros(shape)
+        return out
+
+    @staticmethod
+    def _position_axis(value) -> int:
+        sizes = [d.value if d.is_const else 0 for d in value.type.shape]
+        return sizes.index(max(sizes))  # the cache length dwarfs heads and head_dim
+
+    @staticmethod
+    def _batch_axis(value) -> int:
+        return [d.is_const for d in value.type.shape].index(False)
+
+    def hidden(self, prompt: torch.Tensor, completion: torch.Tensor) -> torch.Tensor:
+        """The head's input [G, C, dim] at the positions that predict `completion` [G, C]
+        after the shared `prompt` [P]: the prompt run once, its cache shared."""
+        groups, width, start = completion.shape[0], completion.shape[1], prompt.shape[0]
+        like = next(iter(self.module.parameters()))
+        cache = self._cache(1, start, like)
+        first = self.module.decode(prompt[None], 0, **cache)[:, -1:]  # predicts token 0
+        first = first.expand(groups, 1, first.shape[-1])
+        if width == 1:
+            return first
+        wide = {}
+        for name, value in self.graph.states.items():
+            part = cache[name.replace(".", "_")]
+            axis = self._position_axis(value)
+            shape = list(part.shape)
+            shape[self._batch_axis(value)], shape[axis] = groups, width - 1
+            wide[name.replace(".", "_")] = torch.cat(
+                [part.expand(*shape[:axis], start, *shape[axis + 1 :]), part.new_zeros(shape)],
+                dim=axis,
+            )
+        rest = self.module.decode(completion[:, :-1], start, **wide)
+        return torch.cat([first, rest], dim=1)
