@@ -163,6 +163,31 @@ def test_forward_matches_diffusers(built, name, mode, numerics):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
+def test_outlined_layers_match_diffusers(built, name):
+    """The per-level methods `mode="compile"` compiles, run eagerly: each binds the latent's
+    H and W from its input (`2 * H` at the second level) as the entry binds them from
+    `4 * H` (it used them unbound: NameError), also at another latent size."""
+    from linnet.backends.torch.runners import GeneratedRunner
+
+    folder, args, want = built(name)
+    model = lt.load(folder, mode="generated")
+    program = model.source.program(model.config)
+    model.runner = GeneratedRunner(program, dict(model.params), model.device, "equivalent",
+                                   outlined=True)  # fmt: skip
+    assert "_forward_layer1(" in model.runner.text
+    check(f"{name} outlined", model.run("forward", *args), want, TOL)
+    other = inputs(name, batch=1, height=4, width=8, seed=3)
+    check(f"{name} outlined 1x4x8", model.run("forward", *other), reference(folder, other), TOL)
+
+
+@pytest.mark.slow  # torch.compile of the tiny UNet's level methods: minutes on a loaded CPU
+def test_compile_mode_matches_diffusers(built):
+    folder, args, want = built("sdxl")
+    model = lt.load(folder, mode="compile", numerics="equivalent")
+    check("sdxl compile", model.run("forward", *args), want, TOL)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_jax_matches_diffusers(built, name):
     import linnet.jax as lj
 

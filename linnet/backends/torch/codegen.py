@@ -96,20 +96,32 @@ def method_tail(graph: Graph, names: dict) -> list[str]:
     return lines
 
 
+def shape_bindings(values, wanted=None) -> tuple[list[str], list[str]]:
+    """Lines binding the runtime dims that the shapes of `values` ((Python name, value)
+    pairs) give: an axis of D or k * D binds D (to the size // k); with `wanted`, only
+    those dims. And the dims bound, in order. Entries and outlined layers bind alike, so
+    a layer binds every dim its entry binds from a shape (torch.compile ties them)."""
+    lines, bound = [], []
+    for name, v in values:
+        for axis, d in enumerate(v.type.shape):
+            scaled = d.as_scaled_atom()
+            if (
+                scaled is None
+                or scaled[0] in bound
+                or (wanted is not None and scaled[0] not in wanted)
+            ):
+                continue
+            atom, k = scaled
+            bound.append(atom)
+            lines.append(f"        {atom} = {name}.shape[{axis}]" + (f" // {k}" if k > 1 else ""))
+    return lines, bound
+
+
 def _bind_inputs(graph: Graph) -> list[str]:
     """Comments naming the inputs, then the runtime dims bound from their shapes and the
     dim arguments, then the device."""
     lines = [f"        # {v.name}: {v.type}" for v in graph.inputs]
-    bound = set()
-    for v in graph.inputs:
-        for axis, d in enumerate(v.type.shape):
-            scaled = d.as_scaled_atom()  # D, or k * D (then D = the size // k)
-            if scaled is not None and scaled[0] not in bound:
-                atom, k = scaled
-                bound.add(atom)
-                lines.append(
-                    f"        {atom} = {v.name}.shape[{axis}]" + (f" // {k}" if k > 1 else "")
-                )
+    lines += shape_bindings([(v.name, v) for v in graph.inputs])[0]
     for arg, atom in graph.dim_inputs.items():
         lines.append(f"        {atom} = {arg}")
     first = graph.inputs[0].name if graph.inputs else "self.embed"

@@ -20,6 +20,7 @@ from linnet.backends.torch.codegen import (
     emit_node_lines,
     method_head,
     method_tail,
+    shape_bindings,
 )
 from linnet.backends.torch.emit import Spell
 from linnet.ir.graph import Graph, Node
@@ -48,25 +49,15 @@ def emit_outlined(graph: Graph, spell: Spell, entry: str) -> list[str]:
 
 def _method_atoms(graph: Graph) -> list[str]:
     """The dims the entry binds: from its inputs' shapes, then its dim arguments."""
-    atoms: list[str] = []
-    for v in graph.inputs:
-        for d in v.type.shape:
-            atom = d.as_atom()
-            if atom is not None and atom not in atoms:
-                atoms.append(atom)
+    atoms = shape_bindings([(v.name, v) for v in graph.inputs])[1]
     return atoms + [a for a in graph.dim_inputs.values() if a not in atoms]
 
 
 def _shape_bindings(region: Region, atoms: list[str]) -> tuple[list[str], list[str]]:
-    """Lines binding the dims that the layer's inputs' shapes give (as `_bind_inputs`
-    does, so torch.compile ties them to the shapes), and the dims left to pass."""
-    lines, bound = [], set()
-    for j, v in enumerate(region.inputs):
-        for axis, d in enumerate(v.type.shape):
-            atom = d.as_atom()
-            if atom in atoms and atom not in bound:
-                bound.add(atom)
-                lines.append(f"        {atom} = x{j}.shape[{axis}]")
+    """Lines binding the dims that the layer's inputs' shapes give (`4 * H` too, as the
+    entry binds it), and the dims left to pass."""
+    values = [(f"x{j}", v) for j, v in enumerate(region.inputs)]
+    lines, bound = shape_bindings(values, wanted=set(atoms))
     return lines, [a for a in atoms if a not in bound]
 
 
