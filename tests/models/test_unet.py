@@ -180,13 +180,6 @@ def test_outlined_layers_match_diffusers(built, name):
     check(f"{name} outlined 1x4x8", model.run("forward", *other), reference(folder, other), TOL)
 
 
-@pytest.mark.slow  # torch.compile of the tiny UNet's level methods: minutes on a loaded CPU
-def test_compile_mode_matches_diffusers(built):
-    folder, args, want = built("sdxl")
-    model = lt.load(folder, mode="compile", numerics="equivalent")
-    check("sdxl compile", model.run("forward", *args), want, TOL)
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_jax_matches_diffusers(built, name):
     import linnet.jax as lj
