@@ -1,5 +1,6 @@
 // MXFP4 linears for small batches (a decode step's chosen experts): one pass over the packed
-// blocks, both cores (at::parallel_for over tiles of output rows).
+// blocks, both cores (at::parallel_for over tiles of output rows); AVX-512, AVX2 + FMA or
+// portable loops, whichever the build's -march=native allows.
 //
 //   y[b, r] = sum_k x[b, k] * w[r, k],   w[r, 32 g + i] = table[scale[r, g]][code i of block g]
 //
@@ -25,6 +26,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define LINNET_MXFP4_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LINNET_MXFP4_AVX2 1
 #endif
 
 namespace {
@@ -68,6 +72,79 @@ void mxfp4_tile(const Mxfp4Problem& p, int64_t r0, int64_t b0) {
   }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = _mm512_reduce_add_ps(acc[r][b]);
+}
+#elif LINNET_MXFP4_AVX2
+// A block whose scale 2^(s - 127) keeps every value normal and finite (most; real
+// checkpoints' scales lie near 127): its codes become e2m1 doubled, small int8 integers, by
+// one byte shuffle, widened to f32 (exact), summed against x, and that sum times 2^(s - 128)
+// (exact: a power of two) joins the row's: the weights are the table's values, the sums f32
+// in another order. Other scales (the subnormals near 0, the infinities of 255) look each
+// code up in the table row, as the reference dequantizer made it.
+constexpr int kScaleLo = 64, kScaleHi = 191;
+alignas(16) constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline __m256 widen8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+// The block's 32 doubled e2m1 values, in xs's order: even codes 0-7, 8-15, odd 0-7, 8-15.
+inline void doubled_block(const uint8_t* codes, __m256 w[4]) {
+  const __m128i table = _mm_load_si128((const __m128i*)kE2m1Doubled), nibble = _mm_set1_epi8(15);
+  const __m128i bytes = _mm_loadu_si128((const __m128i*)codes);
+  const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble));
+  const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+  w[0] = widen8(even), w[1] = widen8(_mm_srli_si128(even, 8));
+  w[2] = widen8(odd), w[3] = widen8(_mm_srli_si128(odd, 8));
+}
+
+// The table's values of 16 codes in xs's order: vpermps looks up 8 entries, so values 0-7
+// and 8-15 are each permuted and bit 3 (moved to the sign bit) picks one.
+inline __m256 lookup8(__m256i c, __m256 lo, __m256 hi) {
+  const __m256 pick = _mm256_castsi256_ps(_mm256_slli_epi32(c, 28));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, c), _mm256_permutevar8x32_ps(hi, c), pick);
+}
+
+inline void table_block(const float* values, const uint8_t* codes, __m256 w[4]) {
+  const __m256 lo = _mm256_loadu_ps(values), hi = _mm256_loadu_ps(values + 8);
+  const __m256i low = _mm256_set1_epi32(15);
+  for (int half = 0; half < 2; ++half) {
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(codes + 8 * half)));
+    w[half] = lookup8(_mm256_and_si256(c, low), lo, hi);
+    w[2 + half] = lookup8(_mm256_srli_epi32(c, 4), lo, hi);
+  }
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+template <int R, int B>
+void mxfp4_tile(const Mxfp4Problem& p, int64_t r0, int64_t b0) {
+  __m256 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.groups; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * p.groups + g;
+      const int s = p.scales[at];
+      const bool plain = s >= kScaleLo && s <= kScaleHi;
+      __m256 w[4];
+      if (plain) {
+        doubled_block(p.blocks + at * 16, w);
+      } else {
+        table_block(p.table + 16 * int64_t(s), p.blocks + at * 16, w);
+      }
+      const __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32((s - 1) << 23));  // 2^(s - 128)
+      for (int b = 0; b < B; ++b) {
+        const float* xb = p.xs + ((b0 + b) * p.groups + g) * kBlock;
+        __m256 sum = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+        for (int i = 1; i < 4; ++i) sum = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + 8 * i), sum);
+        acc[r][b] = plain ? _mm256_fmadd_ps(sum, scale, acc[r][b]) : _mm256_add_ps(sum, acc[r][b]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum8(acc[r][b]);
 }
 #else
 template <int R, int B>
