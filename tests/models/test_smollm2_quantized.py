@@ -42,8 +42,8 @@ def test_q8_0_first_token_matches_transformers(
         print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
               f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
         assert int(got.argmax()) == int(want.argmax())
-    vnni = kernels.load() is not None and bool(kernels.load().vnni_native())
-    assert bool(int8) == (numerics == "fast") and all(op is not None for op in int8) == vnni
+    native = kernels.load() is not None and bool(kernels.load().int8x_native())
+    assert bool(int8) == (numerics == "fast") and all(op is not None for op in int8) == native
 
 
 def _refuse(*args):
