@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Packed-weight decode in one process, rounds interleaved: Linnet (numerics="fast") with
-its integer C++ kernel (x rounded to int8, AVX512-VNNI), with its f32 C++ kernel
+its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), with its f32 C++ kernel
 (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel)
 and llama.cpp, all on the same GGUF file.
 

@@ -110,10 +110,12 @@ def test_packed_linear_matches_dequantize_then_matmul(kind, cols, batch, rows, l
         _assert_within_bound(F.linear(x, w, bias), x, dense, bias)
 
 
-def _vnni() -> bool:
-    """This CPU has AVX512-VNNI (the integer kernel's instructions)."""
+def _int8_cpu() -> bool:
+    """This CPU has the integer kernel's instructions: AVX512-VNNI, or AVX2 with FMA
+    (packed_int8_avx2.cpp)."""
     cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and "avx512_vnni" in cpuinfo.read_text()
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+    return "avx512_vnni" in flags or {"avx2", "fma"} <= flags
 
 
 def _int8_terms(x: torch.Tensor, dense: torch.Tensor):
@@ -145,13 +147,13 @@ INT8_CASES = [("q8_0", 512), ("q8_0", 96), ("q8_0", 576), ("q4_0", 512), ("q4_0"
 @pytest.mark.parametrize("batch", [(1,), (2, 7), (1, 5)], ids=["decode", "batch", "b5"])
 @pytest.mark.parametrize("rows", [97, 4, 1])
 def test_int8_activations_within_their_rounding(kind, cols, batch, rows, monkeypatch):
-    """numerics="fast" on a VNNI CPU: x rounded to int8 per 32-block, integer dot products.
+    """numerics="fast" on a VNNI or AVX2 CPU: x rounded to int8 per 32-block, integer dot products.
     Against the exact f64 sum of w . x within the activations' rounding plus f32 summation
     error; and against w . x_hat (x_hat rounded as ggml rounds, in f64) within the f32
     term alone, so the kernel's rounding of x is ggml's (576 columns: 18 blocks, a tail of
     two; q8_0 96: an odd block; q4_0 576: rows of 9 blocks per half)."""
     _require_kernels()
-    if not _vnni():  # elsewhere the f32 kernel runs (the tests above cover it)
+    if not _int8_cpu():  # elsewhere the f32 kernel runs (the tests above cover it)
         assert kernels.int8x_linear_op() is None
         return
     monkeypatch.setattr(quantized, "_blocked_linear", _refuse)

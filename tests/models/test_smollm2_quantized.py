@@ -42,12 +42,12 @@ def test_q8_0_first_token_matches_transformers(
         print(f"{ids.shape[1]} tokens: first token {int(got.argmax())} "
               f"(transformers {int(want.argmax())}), max |Δ| {delta:.3g}")  # fmt: skip
         assert int(got.argmax()) == int(want.argmax())
-    # fast asks for the integer kernel, which it gets exactly where the CPU has VNNI
-    # (`all` of no calls is True: on a CPU without VNNI, equivalent must not ask at all)
-    vnni = kernels.load() is not None and bool(kernels.load().vnni_native())
+    # fast asks for the integer kernel, which it gets exactly where the CPU runs one (VNNI or
+    # AVX2); `all` of no calls is True, so equivalent must not ask at all
+    native = kernels.load() is not None and bool(kernels.load().int8x_native())
     assert bool(int8) == (numerics == "fast")
     if int8:
-        assert all(op is not None for op in int8) == vnni
+        assert all(op is not None for op in int8) == native
 
 
 def _refuse(*args):

@@ -3,7 +3,7 @@
     ops = kernels.load()        # torch.ops.linnet_kernels, or None: use the PyTorch path
     ops.packed_linear(x, codes, scale, offset)   # packed_gemv.cpp
     int8x_linear_op()           # packed_vnni.cpp's op (x rounded to int8) where this CPU has
-                                # AVX512-VNNI, or None
+                                # AVX512-VNNI or AVX2 (packed_int8_avx2.cpp), or None
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
@@ -25,7 +25,13 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("packed_gemv.cpp", "bf16_gemv.cpp", "packed_vnni.cpp", "mxfp4_gemv.cpp")
+SOURCES = (
+    "packed_gemv.cpp",
+    "bf16_gemv.cpp",
+    "packed_vnni.cpp",
+    "packed_int8_avx2.cpp",
+    "mxfp4_gemv.cpp",
+)
 FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
@@ -69,13 +75,14 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
 def int8x_linear_op():
     """`packed_linear_int8x(x2, codes, scale, offset)`: x quantized per 32-block to int8 and
     integer dot products (numerics="fast" only), where the kernels load and were built with
-    AVX512-VNNI; else None (also when LINNET_INT8X is 0/off/false/no: the f32 kernel)."""
+    AVX512-VNNI or AVX2; else None (also when LINNET_INT8X is 0/off/false/no: the f32
+    kernel)."""
     ops = load()
     if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in _OFF:
         return None
-    if "vnni" not in _loaded:
-        _loaded["vnni"] = bool(ops.vnni_native())
-    return ops.packed_linear_int8x if _loaded["vnni"] else None
+    if "int8x" not in _loaded:
+        _loaded["int8x"] = bool(ops.int8x_native())
+    return ops.packed_linear_int8x if _loaded["int8x"] else None
 
 
 def _register_fakes() -> None:

@@ -16,8 +16,10 @@
 
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
 #define LINNET_AVX512 1
 #endif
 
@@ -41,6 +43,36 @@ inline void u4_chunk(const uint8_t* p, V& lo, V& hi) {
   __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
   lo = _mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
   hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+struct V {  // 16 lanes in two AVX2 registers (GCC does not vectorise the portable struct)
+  __m256 a, b;
+};
+inline V zero() { return V{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V load(const float* p) { return V{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V bcast(float v) { return V{_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+inline V fma(V a, V b, V c) {
+  return V{_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+}
+inline V mul(V a, V b) { return V{_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
+inline float hsum(V v) {
+  const __m256 s = _mm256_add_ps(v.a, v.b);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+inline V i8_chunk(const int8_t* p) {
+  const __m128i c = _mm_loadu_si128((const __m128i*)p);
+  return V{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)),
+           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c, c)))};
+}
+inline void u4_chunk(const uint8_t* p, V& lo, V& hi) {
+  const __m128i c = _mm_loadu_si128((const __m128i*)p), m = _mm_set1_epi8(15);
+  const __m128i l = _mm_and_si128(c, m), h = _mm_and_si128(_mm_srli_epi16(c, 4), m);
+  lo = V{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)),
+         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(l, l)))};
+  hi = V{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)),
+         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(h, h)))};
 }
 #else
 struct V {  // portable 16 lanes: -O3 -march=native vectorises these loops

@@ -1,5 +1,5 @@
 // Integer dot products for packed linears under numerics="fast" (issue 21), on CPUs with
-// AVX512-VNNI: x is quantized per 32-block to int8 as ggml quantizes its q8_0 activations
+// AVX512-VNNI (AVX2-only CPUs: packed_int8_avx2.cpp, the same numerics): x is quantized per 32-block to int8 as ggml quantizes its q8_0 activations
 // (d = amax / 127, q = round(x / d), ties to even), and each block's dot product is
 // vpdpbusd (u8 x s8, four products summed in int32: exact), then scaled in f32:
 //
@@ -205,6 +205,33 @@ void run_rows(const Problem& p, const Quantized& x) {
   for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, x, r);
 }
 
+void run(const float* x, const void* codes, const float* scale, const float* offset,
+         float* y, int64_t batch, int64_t rows, int64_t cols) {
+  const Quantized xq = quantize_x(x, batch, cols);
+  Problem p{codes, scale, offset, y, batch, rows, cols};
+  if (offset == nullptr)
+    run_rows<Q8>(p, xq);
+  else
+    run_rows<Q4>(p, xq);
+}
+
+}  // namespace
+#define LINNET_INT8X 1
+#elif defined(__AVX2__) && defined(__FMA__)
+namespace linnet_avx2 {  // packed_int8_avx2.cpp
+void packed_linear_int8x(const float* x, const void* codes, const float* scale,
+                         const float* offset, float* y, int64_t batch, int64_t rows,
+                         int64_t cols);
+}
+namespace {
+constexpr int64_t kGroup = 32;
+const auto run = linnet_avx2::packed_linear_int8x;
+}  // namespace
+#define LINNET_INT8X 1
+#endif
+
+namespace {
+#if LINNET_INT8X
 at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
                                const at::Tensor& scale, const c10::optional<at::Tensor>& offset) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
@@ -216,39 +243,34 @@ at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = rows;
   at::Tensor y = at::empty(shape, x.options());
-  const Quantized xq = quantize_x(x.data_ptr<float>(), batch, cols);
-  Problem p{codes.data_ptr(), scale.data_ptr<float>(), nullptr, y.data_ptr<float>(),
-            batch, rows, cols};
+  const float* off = nullptr;
   if (codes.scalar_type() == at::kChar) {
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
-    run_rows<Q8>(p, xq);
   } else {
     TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
     TORCH_CHECK(cols % 64 == 0, "4-bit rows of whole 64-blocks");
     TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
     TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
-    p.offset = offset->data_ptr<float>();
-    run_rows<Q4>(p, xq);
+    off = offset->data_ptr<float>();
   }
+  run(x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(), off, y.data_ptr<float>(),
+      batch, rows, cols);
   return y;
 }
 
 bool native() { return true; }
-
-}  // namespace
 #else
-namespace {
 at::Tensor packed_linear_int8x(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                const c10::optional<at::Tensor>&) {
-  TORCH_CHECK(false, "built without AVX512-VNNI");
+  TORCH_CHECK(false, "built without AVX512-VNNI or AVX2");
 }
 bool native() { return false; }
-}  // namespace
 #endif
+}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("packed_linear_int8x(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
-  m.def("vnni_native() -> bool", native);
+  m.def("int8x_native() -> bool", native);
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("packed_linear_int8x", packed_linear_int8x); }

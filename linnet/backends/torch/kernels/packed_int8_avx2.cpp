@@ -1,0 +1,201 @@
+// packed_vnni.cpp's integer kernel (numerics="fast") for x86 CPUs with AVX2 and FMA but
+// not AVX512-VNNI: the same rounding of x (per 32-block, d = amax / 127, q = round(x / d)
+// ties to even) and the same exact integer block sums, so the same result up to f32
+// summation order. Products come from vpmaddubsw (u8 x s8, pairs summed in int16), which
+// saturates only past 32767: q8_0 takes ggml's sign trick (|q_x| times code * sign(q_x):
+// at most 2 * 127 * 128), 4-bit codes are unsigned already (at most 2 * 15 * 127).
+// Then vpmaddwd against ones sums pairs into int32, exactly. Layouts as in packed_gemv.cpp;
+// 4-bit rows need whole 64-blocks (each half of a row whole 32-blocks).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace linnet_avx2 {
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int kRows = 4;  // output rows per tile: each block of x loaded once for them all
+
+struct Quantized {          // batch rows of x, each quantized per 32-block
+  std::vector<int8_t> q;    // (batch, cols)
+  std::vector<float> d;     // (batch, groups): the block's scale
+  std::vector<float> sums;  // (batch, groups): d * sum of the block's q (4-bit offsets)
+};
+
+inline float hsum(__m256 s) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+inline float hmax(__m256 s) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+Quantized quantize_x(const float* x, int64_t batch, int64_t cols) {
+  const int64_t groups = cols / kGroup;
+  Quantized out{std::vector<int8_t>(batch * cols), std::vector<float>(batch * groups),
+                std::vector<float>(batch * groups)};
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < batch * groups; ++i) {
+    const float* v = x + i * kGroup;
+    __m256 a[4], m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm256_loadu_ps(v + 8 * j);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[j]));
+    }
+    const float d = hmax(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i q[4];  // rounded to nearest even (MXCSR's default), as the VNNI kernel does
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], _mm256_set1_ps(id)));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    // packs interleave 128-bit lanes: the permute puts the 32 bytes back in order
+    const __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w, z),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i*)(out.q.data() + i * kGroup), b);
+    out.d[i] = d;
+    out.sums[i] = d * hsum(_mm256_cvtepi32_ps(sum));
+  }
+  return out;
+}
+
+struct Problem {
+  const void* codes;
+  const float* scale;   // (rows, groups)
+  const float* offset;  // (rows, groups) or null
+  float* y;             // (batch, rows)
+  int64_t batch, rows, cols;
+};
+
+// 32 u8 x s8 products summed to 8 int32 lanes, as f32 (exact: |sum| < 2^24).
+inline __m256 dot_u8s8(__m256i u, __m256i s) {
+  const __m256i pairs = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+template <int R, int B>
+void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+  __m256 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+  const int64_t groups = p.cols / kGroup;
+  const int8_t* codes = static_cast<const int8_t*>(p.codes);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k = g * kGroup;
+    __m256i xq[B], xa[B];
+    for (int b = 0; b < B; ++b) {
+      xq[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + k));
+      xa[b] = _mm256_sign_epi8(xq[b], xq[b]);  // |q|: at most 127, read as u8
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* row = codes + (r0 + r) * p.cols;
+      __builtin_prefetch(row + k + 512);
+      const __m256i w = _mm256_loadu_si256((const __m256i*)(row + k));
+      const float s = p.scale[(r0 + r) * groups + g];
+      for (int b = 0; b < B; ++b) {
+        const __m256 dot = dot_u8s8(xa[b], _mm256_sign_epi8(w, xq[b]));
+        const float sd = s * x.d[(b0 + b) * groups + g];
+        acc[r][b] = _mm256_fmadd_ps(dot, _mm256_set1_ps(sd), acc[r][b]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
+}
+
+// 4-bit codes: 32 bytes hold a block of the row's first half (low nibbles) and the
+// block at the same place in its second half (high nibbles).
+template <int R, int B>
+void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+  __m256 acc[R][B];
+  float off[R][B] = {};
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+  const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
+  const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t g = 0; g < hg; ++g) {
+    const int64_t k = g * kGroup;
+    __m256i xl[B], xh[B];
+    for (int b = 0; b < B; ++b) {
+      xl[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + k));
+      xh[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + half + k));
+    }
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = codes + (r0 + r) * half;
+      __builtin_prefetch(row + k + 512);
+      const __m256i c = _mm256_loadu_si256((const __m256i*)(row + k));
+      const __m256i lo = _mm256_and_si256(c, nibble);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble);
+      const float* s = p.scale + (r0 + r) * groups;
+      const float* o = p.offset + (r0 + r) * groups;
+      for (int b = 0; b < B; ++b) {
+        const float* d = x.d.data() + (b0 + b) * groups;
+        const float* sums = x.sums.data() + (b0 + b) * groups;
+        acc[r][b] = _mm256_fmadd_ps(dot_u8s8(lo, xl[b]), _mm256_set1_ps(s[g] * d[g]), acc[r][b]);
+        acc[r][b] = _mm256_fmadd_ps(dot_u8s8(hi, xh[b]), _mm256_set1_ps(s[g + hg] * d[g + hg]),
+                                    acc[r][b]);
+        off[r][b] += o[g] * sums[g] + o[g + hg] * sums[g + hg];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + off[r][b];
+}
+
+template <int R, int B>
+struct Q8 {
+  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+    q8_tile<R, B>(p, x, r0, b0);
+  }
+};
+template <int R, int B>
+struct Q4 {
+  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+    q4_tile<R, B>(p, x, r0, b0);
+  }
+};
+
+// x rows two at a time (more would spill the tile's registers).
+template <template <int, int> class Tile, int R>
+void batch_tiles(const Problem& p, const Quantized& x, int64_t r0) {
+  int64_t b0 = 0;
+  for (; b0 + 2 <= p.batch; b0 += 2) Tile<R, 2>::run(p, x, r0, b0);
+  if (b0 < p.batch) Tile<R, 1>::run(p, x, r0, b0);
+}
+
+template <template <int, int> class Tile>
+void run_rows(const Problem& p, const Quantized& x) {
+  const int64_t tiles = p.rows / kRows;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * p.cols));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) batch_tiles<Tile, kRows>(p, x, t * kRows);
+  });
+  for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, x, r);
+}
+
+}  // namespace
+
+// Called by packed_vnni.cpp's op after its checks: x (batch, cols) f32 contiguous.
+void packed_linear_int8x(const float* x, const void* codes, const float* scale,
+                         const float* offset, float* y, int64_t batch, int64_t rows,
+                         int64_t cols) {
+  const Quantized xq = quantize_x(x, batch, cols);
+  const Problem p{codes, scale, offset, y, batch, rows, cols};
+  if (offset == nullptr)
+    run_rows<Q8>(p, xq);
+  else
+    run_rows<Q4>(p, xq);
+}
+
+}  // namespace linnet_avx2
+#endif
