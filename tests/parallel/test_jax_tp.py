@@ -135,9 +135,12 @@ def test_smollm2_real_weights_over_three_devices(smollm2_checkpoint, tmp_path):
     ck = str(smollm2_checkpoint)
     run = run_worker(tmp_path / "report.json", 3, 3, [ck], timeout=2400)["runs"][ck]
     assert run["finite"]
-    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
     assert run["tokens_two"] == run["tokens_one"]
     assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
+    # 2e-5, not the tiny checkpoints' 1e-5: on an AVX2-only EPYC XLA's partial sums over three
+    # devices and 30 layers came out 4.0e-4 of a largest logit of 33.7 (1.2e-5); 2.6e-6 over
+    # two devices; within 1e-5 on an AVX-512 CPU (docs/parallel.md)
+    assert_within(run["max_abs_diff"], 2e-5 * run["max_abs_logit"])
     assert run["shards"]["layers.0.wq"] == [[192, 576]] * 3  # 9 heads x 64 / 3
     assert run["shards"]["layers.0.wk"] == [[64, 576]] * 3  # one KV head each
 
