@@ -39,7 +39,9 @@ class ShardPlan:
     params: dict[str, Split | None]  # every param of the program
     states: dict[str, Split | None]
     layouts: dict[str, dict]  # entry -> value -> layout
-    row_parallel: dict[str, set]  # entry -> ids of the linears followed by an all_reduce
+    # entry -> ids of the nodes followed by an all_reduce: row-parallel linears and
+    # vocab-parallel embedding gathers
+    row_parallel: dict[str, set]
     # an entry's outputs that are split (a vocab-parallel lm_head) end in an all_gather
     whole_linears: set[str] = field(default_factory=set)  # tried split, kept whole
     program: Program | None = None  # what it was derived from (layouts key its values)
@@ -121,6 +123,7 @@ class _Walker:
         self.names = {v: n for n, v in graph.params.items()}
         self.state_of = {v: n for n, v in graph.states.items()}
         self.entry = entry
+        self.inputs = set(graph.inputs)
         self.row_parallel[entry] = set()
         for name, lay in list(self.states.items()):
             if lay is not None and lay.seeds <= self.whole:  # its linears went whole
@@ -147,6 +150,8 @@ class _Walker:
 
     def node(self, node: Node, lay: dict) -> Split | None:
         ins = [lay[v] for v in node.inputs]
+        if node.op == "take" and _vocab_parallel(self, node, ins):
+            return None
         if node.op != "linear":
             for v in node.inputs:
                 self.use_param(self.names.get(v), lay[v] if v in self.names else None)
@@ -376,6 +381,23 @@ def _linear(w: _Walker, node: Node, ins) -> Split | None:
     w.use_param(bname, None)
     w.row_parallel[w.entry].add(id(node))
     return None
+
+
+def _vocab_parallel(w: _Walker, node: Node, ins) -> bool:
+    """The embedding: a param table gathered by the token ids (a graph input) is split on
+    its rows (the vocabulary) when the world divides them; each rank gathers the tokens it
+    holds (the others give zeros) and an `all_reduce` sums, exactly (one term is nonzero).
+    It pays in memory: a head tied to it (SmolLM2) is then vocab-parallel too, and an untied
+    one already was. The cost is one all_reduce of [B, S, dim] per call."""
+    table, ids = node.inputs
+    name, rows = w.names.get(table), table.type.shape[0]
+    if name is None or name in w.whole or ids not in w.inputs or ins[1] is not None:
+        return False
+    if w.world == 1 or not rows.is_const or rows.value % w.world:
+        return False  # kept whole: NamedSharding and the all_gather of a tied head need even
+    w.use_param(name, Split(0, w.world, frozenset({name})))
+    w.row_parallel[w.entry].add(id(node))
+    return True
 
 
 def _take(w: _Walker, node: Node, ins) -> Split | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from linnet.core.dims import Poly
 from linnet.ir.graph import Graph, GraphBuilder
 from linnet.ir.passes import finish, verify
@@ -66,20 +68,21 @@ def local_program(plan: ShardPlan, rank: int) -> Program:
     """Rank `rank`'s program: the one `plan` was derived from, at local shapes."""
     if not 0 <= rank < plan.world:
         raise ShardingError(f"rank {rank} outside a world of {plan.world}")
-    return _rewritten(plan, lambda n, s, w: local_size(n, s, rank, plan.world, w), True)
+    return _rewritten(plan, lambda n, s, w: local_size(n, s, rank, plan.world, w), rank)
 
 
 def padded_program(plan: ShardPlan) -> Program:
     """The whole program with each uneven split axis padded to a multiple of the world's
     blocks, no collectives: what a mesh runs when `NamedSharding` needs even blocks."""
-    return _rewritten(plan, lambda n, s, w: padded_size(n, s, plan.world, w), False)
+    return _rewritten(plan, lambda n, s, w: padded_size(n, s, plan.world, w), None)
 
 
-def _rewritten(plan: ShardPlan, sizer: Sizer, collectives: bool) -> Program:
+def _rewritten(plan: ShardPlan, sizer: Sizer, rank: int | None) -> Program:
+    """Each entry at the sizes `sizer` gives; with a `rank`, that rank's collectives (None:
+    the whole program, padded, for a mesh)."""
     program = plan.program
     graphs = {
-        entry: _local_graph(g, plan, entry, sizer, collectives)
-        for entry, g in program.graphs.items()
+        entry: _local_graph(g, plan, entry, sizer, rank) for entry, g in program.graphs.items()
     }
     params = {n: _sized(t, plan.params.get(n), n, sizer) for n, t in program.params.items()}
     return Program(program.name, program.config, graphs, params, dict(program.tied))
@@ -112,16 +115,36 @@ def _local_attrs(node, lay: dict, sizer: Sizer) -> dict:
     return attrs
 
 
+def _vocab_take(b: GraphBuilder, node, ins: list, rank: int, world: int):
+    """A gather from this rank's rows [lo, hi) of a vocab-parallel table: the ids it holds
+    shifted to its rows, the others read row 0 and are zeroed; the all_reduce then sums one
+    nonzero row per token (exact)."""
+    table, ids = ins
+    lo, hi = local_range(node.inputs[0].type.shape[0].value, Split(0, world), rank, world)
+
+    def k(v):
+        return b.add("const", [], value=np.asarray(v), dtype=ids.type.dtype)
+
+    mine = b.add("logical_and", [b.add("ge", [ids, k(lo)]), b.add("lt", [ids, k(hi)])])
+    rows = b.add("take", [table, b.add("where", [mine, b.add("sub", [ids, k(lo)]), k(0)])])
+    keep = b.add("cast", [mine], dtype=table.type.dtype)
+    keep = b.add("reshape", [keep], shape=(*ids.type.shape, Poly.const(1)))
+    return b.add("all_reduce", [b.add("mul", [rows, keep])], where=node.where)
+
+
 def _local_graph(
-    graph: Graph, plan: ShardPlan, entry: str, sizer: Sizer, collectives: bool
+    graph: Graph, plan: ShardPlan, entry: str, sizer: Sizer, rank: int | None
 ) -> Graph:
     out, mapping = _frame(graph, plan, sizer)
     lay = plan.layouts[entry]
+    collectives = rank is not None
     row_parallel = plan.row_parallel[entry] if collectives else set()
     b = GraphBuilder(out)
     for node in graph.nodes:
         ins = [mapping[v] for v in node.inputs]
-        if id(node) in row_parallel:
+        if id(node) in row_parallel and node.op == "take":
+            result = _vocab_take(b, node, ins, rank, plan.world)
+        elif id(node) in row_parallel:
             y = b.add("linear", ins[:2], where=node.where, **node.attrs)
             y = b.add("all_reduce", [y], where=node.where)
             result = b.add("add", [y, ins[2]], where=node.where) if len(ins) > 2 else y

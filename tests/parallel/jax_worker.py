@@ -3,13 +3,19 @@
 WORLD devices; with N > WORLD a mesh of all N devices is tried on the first checkpoint
 (heads that do not divide N must be refused).
 
-    python jax_worker.py OUT.json WORLD CKPT...
+    python jax_worker.py OUT.json WORLD CKPT... [--positions N --ids JSON --new N --parity-only]
+
+--positions: the KV cache's length (SmolLM2's default 4096 made six greedy tokens cost 110 s
+of compiling and running per model on two cores); --ids, --new: the prompt and the number
+of greedy tokens; --parity-only: skip the serving rows and the refused meshes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -22,11 +28,11 @@ from linnet.shard.jax_rows import load_on_mesh
 IDS = np.array([[3, 7, 11, 19, 23, 5, 9, 2, 31, 40], [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]])
 
 
-def one_checkpoint(ck: str, mesh) -> dict:
-    one = linnet.jax.load(ck, dtype="f32")
-    two = linnet.jax.load(ck, dtype="f32", mesh=mesh)
-    want, got = np.asarray(one.forward(IDS)), np.asarray(two.forward(IDS))
-    hlo = two.runner.jitted["forward"].lower(two.params, jnp.asarray(IDS, jnp.int32))
+def one_checkpoint(ck: str, mesh, ids=IDS, new: int = 6, positions=None) -> dict:
+    one = linnet.jax.load(ck, dtype="f32", max_positions=positions)
+    two = linnet.jax.load(ck, dtype="f32", mesh=mesh, max_positions=positions)
+    want, got = np.asarray(one.forward(ids)), np.asarray(two.forward(ids))
+    hlo = two.runner.jitted["forward"].lower(two.params, jnp.asarray(ids, jnp.int32))
     shards = {}
     for name in two.shard_plan.params:
         node = two.params
@@ -37,8 +43,8 @@ def one_checkpoint(ck: str, mesh) -> dict:
         "max_abs_diff": float(np.abs(got - want).max()),
         "max_abs_logit": float(np.abs(want).max()),
         "finite": bool(np.isfinite(got).all()),
-        "tokens_one": np.asarray(one.generate(IDS, 6)).tolist(),
-        "tokens_two": np.asarray(two.generate(IDS, 6)).tolist(),
+        "tokens_one": np.asarray(one.generate(ids, new)).tolist(),
+        "tokens_two": np.asarray(two.generate(ids, new)).tolist(),
         "all_reduce_in_hlo": "all-reduce" in hlo.compile().as_text(),
         "shards": shards,
         "state_specs": {k: str(v.sharding.spec) for k, v in two.state.items()},
@@ -88,14 +94,29 @@ def refusals(ck: str, world: int) -> dict:
 
 
 def main() -> int:
-    out, world, cks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    cli = argparse.ArgumentParser()
+    cli.add_argument("out")
+    cli.add_argument("world", type=int)
+    cli.add_argument("cks", nargs="+")
+    cli.add_argument("--positions", type=int)
+    cli.add_argument("--ids", type=json.loads, default=IDS)
+    cli.add_argument("--new", type=int, default=6)
+    cli.add_argument("--parity-only", action="store_true")
+    a = cli.parse_args()
+    out, world, cks, ids = a.out, a.world, a.cks, np.asarray(a.ids)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("tp",))
     report = {"devices": len(jax.devices()), "world": world, "runs": {}}
+    seconds = report["seconds"] = {}  # where a test's time goes
     for ck in cks:
-        report["runs"][ck] = one_checkpoint(ck, mesh)
-    if "decode_rows" in linnet.jax.load(cks[0], dtype="f32", max_positions=8).entries:
-        report["rows"] = rows_on_mesh(cks[0], world)
-    report["refused"] = refusals(cks[0], world)
+        start = time.perf_counter()
+        report["runs"][ck] = one_checkpoint(ck, mesh, ids, a.new, a.positions)
+        seconds[ck] = time.perf_counter() - start
+    if not a.parity_only:
+        start = time.perf_counter()
+        if "decode_rows" in linnet.jax.load(cks[0], dtype="f32", max_positions=8).entries:
+            report["rows"] = rows_on_mesh(cks[0], world)
+        report["refused"] = refusals(cks[0], world)
+        seconds["rows and refusals"] = time.perf_counter() - start
     with open(out, "w") as f:
         json.dump(report, f)
     return 0

@@ -60,7 +60,8 @@ def test_plan_is_derived_from_the_ir_column_then_row_parallel():
             lay = plan.params[f"layers.{i}.{name}"]
             assert (lay.axis, lay.parts) == (1, 2), name
         assert plan.params[f"layers.{i}.attn_norm"] is None
-    assert plan.params["embed"] is None  # a gather from it: whole
+    embed = plan.params["embed"]  # vocab-parallel: each rank gathers its tokens' rows
+    assert (embed.axis, embed.parts) == (0, 2)
     head = plan.params["lm_head"]  # vocab-parallel: its logits are gathered at the end
     assert (head.axis, head.parts) == (0, 2)
     kv = plan.states["kv"]
@@ -72,7 +73,27 @@ def test_plan_gpt2_splits_its_fused_free_projections_and_biases():
     assert (plan.params["layers.0.bq"].axis, plan.params["layers.0.b_fc"].axis) == (0, 0)
     assert plan.params["layers.0.w_proj"].axis == 1
     assert plan.params["layers.0.b_proj"] is None  # added once, after the all_reduce
-    assert plan.params["wte"] is None  # the embedding and tied head stay whole
+    assert plan.params["wte"] is None  # vocab 199 over 2: the embedding and tied head whole
+    assert plan.params["wpe"] is None  # gathered by positions, not the token ids
+    even = _plan("gpt2", "base", 2, vocab=200)
+    assert (even.params["wte"].axis, even.params["wte"].parts) == (0, 2)
+
+
+def test_vocab_parallel_embedding_tied_or_not_and_kept_whole_when_the_vocab_does_not_divide():
+    """The embedding is split on its vocab rows where the world divides them; a head tied to
+    it (Qwen2, SmolLM2) is then split alike; 255 rows over 2 (or 256 over 3) stay whole."""
+    tied = _plan("qwen2", "base", 2)  # vocab 160, lm_head = embed
+    assert "lm_head" not in tied.params
+    assert (tied.params["embed"].axis, tied.params["embed"].parts) == (0, 2)
+    graph = local_program(tied, rank=1).graphs["forward"]
+    assert graph.nodes[-1].op == "all_gather"  # the tied head's logits: each rank its rows
+    take = next(n for n in graph.nodes if n.op == "take")
+    assert take.inputs[0].type.shape[0].value == 80  # rank 1's rows 80-159
+    assert [n.op for n in graph.nodes].index("all_reduce") > graph.nodes.index(take)
+    for plan in (_plan("llama", "base", 2, vocab=255), _plan("qwen2", "base", 2, vocab=161)):
+        assert plan.params["embed"] is None
+        assert plan.params.get("lm_head") is None  # an uneven vocab-parallel head: whole
+    assert _plan("llama", "kv3", 3).params["embed"] is None  # 256 over 3
 
 
 def test_local_program_inserts_one_all_reduce_per_row_parallel_linear():
@@ -80,7 +101,7 @@ def test_local_program_inserts_one_all_reduce_per_row_parallel_linear():
     local = local_program(plan, rank=1)
     graph = local.graphs["decode"]
     reduces = [n for n in graph.nodes if n.op == "all_reduce"]
-    assert len(reduces) == 2 * 2  # wo and down in each of 2 layers
+    assert len(reduces) == 1 + 2 * 2  # the embedding's gather, wo and down in 2 layers
     last = graph.nodes[-1]  # the vocab-parallel logits, gathered whole
     assert last.op == "all_gather" and last.output is graph.outputs[0]
     assert local.params["lm_head"].shape[0].value == 128  # 256 vocab rows / 2

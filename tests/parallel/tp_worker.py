@@ -53,6 +53,7 @@ def main() -> int:
             key = f"{Path(ck).name}:{mode}" + ("" if dtype == "f32" else f":{dtype}")
             if rank == 0:
                 torch.save(logits, out / f"{key.replace(':', '-')}.pt")
+            memory["peak_rss_mb_at_end"] = peak_rss_mb()  # after the forward and the tokens
             report["runs"][key] = {"tokens": tokens.tolist(), **memory}
             if dtype == "f32":
                 count = sum(t.numel() for t in model.params.values())
