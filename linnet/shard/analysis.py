@@ -49,9 +49,10 @@ class ShardPlan:
     def describe(self) -> str:
         """One line per param that is split, and a count of the whole ones."""
         lines = [f"tensor parallel over {self.world} ranks"]
+        tables = self.vocab_tables()
         for name, lay in self.params.items():
             if lay is not None:
-                kind = "column" if lay.axis == 0 else "row"
+                kind = "vocab" if name in tables else "column" if lay.axis == 0 else "row"
                 lines.append(
                     f"  {name}: {kind}-parallel, axis {lay.axis} in {_blocks(lay, self.world)}"
                 )
@@ -61,6 +62,15 @@ class ShardPlan:
         whole = sum(1 for lay in self.params.values() if lay is None)
         lines.append(f"  {whole} params whole on every rank")
         return "\n".join(lines)
+
+    def vocab_tables(self) -> set[str]:
+        """The params gathered vocab-parallel (the embedding, and a head tied to it)."""
+        out = set()
+        for entry, g in self.program.graphs.items() if self.program else ():
+            names = {v: n for n, v in g.params.items()}
+            ids = self.row_parallel.get(entry, ())
+            out |= {names[n.inputs[0]] for n in g.nodes if n.op == "take" and id(n) in ids}
+        return out
 
 
 def _blocks(lay: Split, world: int) -> str:

@@ -85,6 +85,7 @@ def test_vocab_parallel_embedding_tied_or_not_and_kept_whole_when_the_vocab_does
     tied = _plan("qwen2", "base", 2)  # vocab 160, lm_head = embed
     assert "lm_head" not in tied.params
     assert (tied.params["embed"].axis, tied.params["embed"].parts) == (0, 2)
+    assert "embed: vocab-parallel, axis 0 in 2" in tied.describe()
     graph = local_program(tied, rank=1).graphs["forward"]
     assert graph.nodes[-1].op == "all_gather"  # the tied head's logits: each rank its rows
     take = next(n for n in graph.nodes if n.op == "take")
