@@ -3,20 +3,23 @@
     plan = derive_plan(program, world=2)
     plan.params["layers.0.wq"]   # Split(axis=0, parts=2): column-parallel
     plan.params["layers.0.wo"]   # Split(axis=1, parts=2): row-parallel
-    plan.params["embed"]         # None: whole on every rank
+    plan.params["embed"]         # Split(axis=0, parts=2): vocab-parallel
+    plan.params["final_norm"]    # None: whole on every rank
 
 No name tables: every `linear` whose input is whole and whose weight is a param is tried
 column-parallel (its output split on the feature axis), and the split is followed through
 the graph op by op (`RULES`): reshapes into heads, transposes, rope, per-head norms,
 attention, cache writes and reads, elementwise ops. A linear that contracts a split axis is
 row-parallel: each rank multiplies its block and an `all_reduce` sums them. Where a split
-cannot go (a graph output, a norm over the split axis, an embedding table, an op with no
-rule), the linears it came from (`Split.seeds`) are made whole again and the walk starts
+cannot go (a graph output, a norm over the split axis, a gather from a split table, an op
+with no rule), the linears it came from (`Split.seeds`) are made whole again and the walk starts
 over, until nothing changes. Head counts are read where a reshape splits a feature axis
 into heads: a KV head count that divides the world size gives blocks shared by
 `world // n_kv` ranks; more KV heads than ranks that the world size does not divide split
 unevenly, a KV group (its KV head and its query heads) a block, so each rank's attention is
 exact (SmolLM2's 3 KV heads over 2 ranks: 2 groups and 1); anything else is an error.
+The embedding (a param table gathered by the token ids) is split on its vocab rows where
+the world divides them (`_vocab_parallel`).
 """
 
 from __future__ import annotations
