@@ -20,7 +20,7 @@ from linnet.train.lora_base import LoraCheckpoint
 from linnet.train.module import trainable_module
 from linnet.train.objectives import token_logps
 from linnet.train.peft_format import merge_lora, save_adapter
-from linnet.train.prefix import PrefixRunner, hidden_decode
+from linnet.train.prefix import PrefixRunner, hidden_decode, shared_labelled_logps, shared_start
 from linnet.train.tokens import IGNORE
 
 
@@ -74,12 +74,16 @@ class LoraModel(LoraCheckpoint):
 
     def label_logps(self, ids, labels, *, reference=False):
         """`objectives.token_logps(self(ids), labels)` (or of `reference(ids)`), the
-        logits computed only at labelled positions."""
+        logits computed only at labelled positions; a start all rows share is run once."""
         module = self._reference_module() if reference else self.module
         if self.head is None or not (labels[:, 1:] != IGNORE).any():
             logits = self.reference(ids) if reference else self(ids)
             return token_logps(logits, labels)
+        start = shared_start(ids, labels)  # DPO's rows share their chat template's start
+        runner = self._prefix_runner(reference) if start else None
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            if runner is not None:
+                return shared_labelled_logps(runner, self.head, ids, labels, start)
             return labelled_logps(module, self.head, ids, labels)
 
     def completion_logps(self, ids, completion, temperature, *, reference=False):

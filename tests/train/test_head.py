@@ -136,12 +136,7 @@ def test_shared_prompt_runs_once(tiny_checkpoint, variant, width):
     (got * upstream).sum().backward()
     assert_close(got, want, atol=1e-5, rtol=1e-5, what="completion log-probs")
     assert_grads_equal(grads(cut), grads(uncut))
-    runner = cut._prefix[False]
-    shapes = []
-    decode = runner.module.decode
-    runner.module.decode = lambda tokens, *a, **k: (
-        shapes.append(tuple(tokens.shape)) or decode(tokens, *a, **k)
-    )
+    shapes = calls(cut._prefix[False])
     with torch.no_grad():
         cut.completion_logps(ids, completion, 0.7)
     assert shapes == [(1, 9)] + ([(4, width - 1)] if width > 1 else [])  # the prompt once
@@ -149,6 +144,48 @@ def test_shared_prompt_runs_once(tiny_checkpoint, variant, width):
     want_ref = completion_logps(uncut.reference(ids), completion, 0.7)
     assert cut._prefix[True] is not None
     assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
+
+
+def calls(runner) -> list:
+    """The token shapes `runner`'s decode is called with, from now on."""
+    shapes, decode = [], runner.module.decode
+    runner.module.decode = lambda tokens, *a, **k: (
+        shapes.append(tuple(tokens.shape)) or decode(tokens, *a, **k)
+    )
+    return shapes
+
+
+@pytest.mark.parametrize("variant", ["base", "tied"])
+def test_shared_start_of_dpo_rows_runs_once(tiny_checkpoint, variant):
+    """DPO's rows (chosen, rejected; pairs of a batch) share their chat template's start:
+    it runs once at batch 1, the rows' rest at batch 4 (train/prefix.py), with the whole
+    forward's log-probs and LoRA gradients; the reference's too, its start's cache kept."""
+    cut, uncut = pair(tiny_checkpoint("llama", variant))
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.cat([torch.randint(2, 256, (1, 12), generator=gen).repeat(4, 1),
+                     torch.randint(2, 256, (4, 9), generator=gen)], dim=1)  # fmt: skip
+    labels = torch.full(ids.shape, IGNORE)
+    for row, (start, end) in enumerate([(13, 18), (14, 20), (12, 16), (15, 19)]):
+        labels[row, start:end] = ids[row, start:end]  # the last column unlabelled
+    weights = torch.tensor([0.7, -1.3, 2.0, 0.4])
+    want = token_logps(uncut(ids), labels)[0]
+    (want.sum(1) * weights).sum().backward()
+    got, mask = cut.label_logps(ids, labels)
+    (got.sum(1) * weights).sum().backward()
+    assert_close(got, want, atol=1e-5, rtol=1e-5, what="labelled log-probs")
+    assert torch.equal(mask, labels[:, 1:] != IGNORE)
+    assert_grads_equal(grads(cut), grads(uncut))
+    shapes = calls(cut._prefix[False])
+    with torch.no_grad():
+        cut.label_logps(ids, labels)
+    assert shapes == [(1, 12), (4, 19 - 12)]  # the start once, the rest to the last label
+    want_ref = token_logps(uncut.reference(ids), labels)[0]
+    ref = cut.label_logps(ids, labels, reference=True)[0]
+    shapes = calls(cut._prefix[True])
+    again = cut.label_logps(ids, labels, reference=True)[0]
+    assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
+    assert torch.equal(again, ref) and not again.requires_grad
+    assert shapes == [(4, 7)]  # the reference's start ran once, its cache kept
 
 
 def test_a_trained_head_is_not_cut(tiny_checkpoint):
