@@ -116,6 +116,23 @@ class PrefixRunner:
     def _batch_axis(value) -> int:
         return [d.is_const for d in value.type.shape].index(False)
 
+    def fill(self, states: dict, cache: dict) -> None:
+        """Copy `cache` (this runner's parts at batch 1, P positions) into a decoder's
+        `states` (the same source's `decode` states, longer) at positions 0..P-1."""
+        for state, parts in self.parts.items():
+            for part, index in parts.items():
+                value = cache[part.replace(".", "_")].detach()
+                axis = self._position_axis(self.graph.states[part])
+                target = states[state][index].narrow(axis, 0, value.shape[axis])
+                if target.shape != value.shape:
+                    raise ValueError(f"{part}: cache {tuple(value.shape)} vs {tuple(target.shape)}")
+                target.copy_(value)
+
+    def prompt(self, prompt: torch.Tensor):
+        """(the prompt's last hidden state [1, 1, dim], its cache): `hidden`'s first pass,
+        to hand back to it (GRPO's rollout reads the same pass first)."""
+        return self._prompt(prompt)
+
     def _prompt(self, prompt: torch.Tensor):
         """The prompt's last hidden state [1, 1, dim] (predicts the next token) and its
         cache; a frozen runner's without autograd kept for the next call (the last 4)."""
@@ -128,11 +145,12 @@ class PrefixRunner:
             self._kept = {**dict(list(self._kept.items())[-3:]), key: (first, cache)}
         return first, cache
 
-    def hidden(self, prompt: torch.Tensor, completion: torch.Tensor) -> torch.Tensor:
+    def hidden(self, prompt: torch.Tensor, completion: torch.Tensor, ran=None) -> torch.Tensor:
         """The head's input [G, C, dim] at the positions that predict `completion` [G, C]
-        after the shared `prompt` [P]: the prompt run once, its cache shared."""
+        after the shared `prompt` [P]: the prompt run once (or `ran`, what `prompt` gave),
+        its cache shared."""
         groups, width, start = completion.shape[0], completion.shape[1], prompt.shape[0]
-        first, cache = self._prompt(prompt)
+        first, cache = ran if ran is not None else self._prompt(prompt)
         first = first.expand(groups, 1, first.shape[-1])
         if width == 1:
             return first

@@ -212,6 +212,34 @@ def test_group_from_one_prefill_draws_what_generate_draws(tiny_checkpoint):
     assert len({tuple(r) for r in got.tolist()}) > 1  # the rows were sampled apart
 
 
+@pytest.mark.parametrize("variant", ["base", "tied"])
+def test_rollout_starts_from_the_loss_prompt_pass(tiny_checkpoint, variant):
+    """GRPO's rollout and loss share one prompt pass (`prompt_pass`): the decoder filled
+    from it draws the tokens of its own prefill, and the loss's log-probs and gradients
+    from it are those of the shared-prompt runner's own pass; the prompt runs once."""
+    model, _ = pair(tiny_checkpoint("llama", variant))
+    prompt = [5, 17, 99, 3, 41, 8, 23, 77]
+    decoder = model.sampler(positions=32)
+    want = sample_group(decoder, prompt, 5, 7, eos=[], temperature=8.0,
+                        generator=torch.Generator().manual_seed(11))  # fmt: skip
+    ran = model.prompt_pass(prompt)
+    got = sample_group(decoder, prompt, 5, 7, eos=[], temperature=8.0,
+                       generator=torch.Generator().manual_seed(11),
+                       prefilled=lambda d: model.prefill(d, ran, len(prompt)))  # fmt: skip
+    assert torch.equal(got, want) and len({tuple(r) for r in got.tolist()}) > 1
+    ids = torch.cat([torch.tensor([prompt] * 5), got], dim=1)
+    upstream = torch.randn(got.shape, generator=torch.Generator().manual_seed(2))
+    expected = model.completion_logps(ids, got, 0.7)
+    (expected * upstream).sum().backward()
+    want_grads = grads(model)
+    shapes = calls(model._prefix[False])
+    logps = model.completion_logps(ids, got, 0.7, ran=ran)
+    (logps * upstream).sum().backward()
+    assert shapes == [(5, 6)]  # only the completions: the prompt ran in `prompt_pass`
+    assert_close(logps, expected, atol=1e-6, rtol=0, what="log-probs")
+    assert_grads_equal(grads(model), want_grads)
+
+
 def test_reward_reads_the_final_answer():
     assert final_answer("7 x 5 = 35") == "35"
     assert exact_answer_reward("7 x 5 = 35", "35") == 1.0
