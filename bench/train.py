@@ -450,6 +450,7 @@ def main() -> None:
         "--plot-only", action="store_true", help="only redraw --plot from the record at --out"
     )
     ap.add_argument("--threads", type=int, help="PyTorch threads in every run")
+    ap.add_argument("--note", default="", help="a line kept in the record (e.g. the load)")
     ap.add_argument(
         "--grpo-run",
         type=int,
@@ -480,18 +481,19 @@ def main() -> None:
     before = machine()
 
     def save(runs: dict) -> None:
-        write_record(a.out, before, runs)
+        write_record(a.out, before, runs, a.note)
 
     with tempfile.TemporaryDirectory(prefix="linnet-bench-train-") as work:
         runs = measure(kinds, methods, checkpoint, Path(work), save)
-    record = write_record(a.out, before, runs)
+    record = write_record(a.out, before, runs, a.note)
     record["plot"] = plot(runs, a.plot)
     a.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {a.out}; plot: {record['plot']}")
 
 
-def write_record(out: Path, before: dict, runs: dict) -> dict:
+def write_record(out: Path, before: dict, runs: dict, note: str = "") -> dict:
     record = {
+        **({"note": note} if note else {}),
         "suite": "training",
         "model": "smollm2",
         "checkpoint": "smollm2-135m-instruct-f32",

@@ -20,7 +20,7 @@ from linnet.train.lora_base import LoraCheckpoint
 from linnet.train.module import trainable_module
 from linnet.train.objectives import token_logps
 from linnet.train.peft_format import merge_lora, save_adapter
-from linnet.train.prefix import PrefixRunner, hidden_decode
+from linnet.train.prefix import PrefixRunner, hidden_decode, shared_labelled_logps, shared_start
 from linnet.train.tokens import IGNORE
 
 
@@ -74,17 +74,22 @@ class LoraModel(LoraCheckpoint):
 
     def label_logps(self, ids, labels, *, reference=False):
         """`objectives.token_logps(self(ids), labels)` (or of `reference(ids)`), the
-        logits computed only at labelled positions."""
+        logits computed only at labelled positions; a start all rows share is run once."""
         module = self._reference_module() if reference else self.module
         if self.head is None or not (labels[:, 1:] != IGNORE).any():
             logits = self.reference(ids) if reference else self(ids)
             return token_logps(logits, labels)
+        start = shared_start(ids, labels)  # DPO's rows share their chat template's start
+        runner = self._prefix_runner(reference) if start else None
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
+            if runner is not None:
+                return shared_labelled_logps(runner, self.head, ids, labels, start)
             return labelled_logps(module, self.head, ids, labels)
 
-    def completion_logps(self, ids, completion, temperature, *, reference=False):
+    def completion_logps(self, ids, completion, temperature, *, reference=False, ran=None):
         """`grpo.completion_logps` of this model's (or the reference's) logits, the head
-        run on the completion's positions only; a prompt all rows share is run once."""
+        run on the completion's positions only; a prompt all rows share is run once (`ran`:
+        the policy's prompt pass that `prompt_pass` made)."""
         if self.head is None:
             logits = self.reference(ids) if reference else self(ids)
             return completion_logps(logits, completion, temperature)
@@ -95,7 +100,7 @@ class LoraModel(LoraCheckpoint):
         with torch.set_grad_enabled(not reference and torch.is_grad_enabled()):
             if runner is None:
                 return last_logps(module, self.head, ids, completion, temperature)
-            hidden = runner.hidden(ids[0, :start], completion)
+            hidden = runner.hidden(ids[0, :start], completion, None if reference else ran)
             rows = hidden.reshape(-1, hidden.shape[-1])
             picked = self.head.logps(rows, completion.reshape(-1), temperature)
             return picked.reshape(completion.shape)
@@ -117,6 +122,25 @@ class LoraModel(LoraCheckpoint):
             weights = module.state_dict(keep_vars=True)
             self._prefix[reference] = PrefixRunner(program, graph, weights, self.numerics)
         return self._prefix[reference]
+
+    def prompt_pass(self, prompt: list[int]):
+        """The policy's shared-prompt pass over `prompt` (autograd on), for `completion_logps`
+        and `prefill`; None where the loss runs the prompt per row."""
+        runner = self._prefix_runner(False) if self.head is not None else None
+        return runner.prompt(torch.tensor(prompt)) if runner is not None else None
+
+    def prefill(self, decoder, ran, length: int) -> torch.Tensor:
+        """`decoder` (the rollout's) left as if it had prefilled the `length`-token prompt
+        of `ran` (`prompt_pass`'s): its cache copied in, the last logits [1, V] returned.
+        The rollout and the loss share one prompt pass (rounded as the unmerged adapters)."""
+        first, cache = ran
+        decoder.reset()
+        for name, shape, dtype in decoder._state_specs(1):
+            decoder._new_state(name, shape, dtype)
+        with torch.inference_mode():  # the decoder's states are inference tensors
+            self._prefix[False].fill(decoder.state, cache)
+            decoder.position = length
+            return self.head.logits(first.detach()).reshape(1, -1)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

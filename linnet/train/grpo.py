@@ -56,12 +56,14 @@ def grpo_token_loss(logps, old_logps, ref_logps, advantages, settings: GrpoSetti
     return loss
 
 
-def group_token_loss(model, ids, completion, mask, advantages, settings, old_logps=None):
+def group_token_loss(model, ids, completion, mask, advantages, settings, old_logps=None,
+                     ran=None):  # fmt: skip
     """(summed token loss, completion tokens) of one group: `ids` [G, P + C] the prompt
     and completions, `old_logps` those the completions were sampled with (default: the
-    current ones, detached)."""
+    current ones, detached); `ran`: the policy's prompt pass (`LoraModel.prompt_pass`)."""
     # zero past each completion's end, as TRL has them (no exp of a stray value overflows)
-    logps = model.completion_logps(ids, completion, settings.temperature) * mask
+    extra = {"ran": ran} if ran is not None else {}
+    logps = model.completion_logps(ids, completion, settings.temperature, **extra) * mask
     ref = None
     if settings.beta:
         ref = model.completion_logps(ids, completion, settings.temperature, reference=True)
@@ -92,15 +94,18 @@ class GrpoLoss:
     rewards: list = field(default_factory=list)  # mean reward per step
     samples: list = field(default_factory=list)  # each step's completion texts
 
-    def sample(self, model, prompt: list[int]) -> torch.Tensor:
-        """`group` completions [G, C] of one prompt, from the current adapted weights."""
+    def sample(self, model, prompt: list[int], ran=None) -> torch.Tensor:
+        """`group` completions [G, C] of one prompt, from the current adapted weights
+        (`ran`: the loss's prompt pass, which the rollout starts from)."""
         # a cache just long enough (in blocks of 256, so most prompts reuse the decoder):
         # the model's full length meant zeroing hundreds of MB per rollout
         needed = len(prompt) + self.settings.max_new_tokens
         decoder = model.sampler(positions=-(-needed // 256) * 256)
         s = self.settings
+        fill = None if ran is None else lambda d: model.prefill(d, ran, len(prompt))
         return sample_group(decoder, prompt, s.group, s.max_new_tokens, eos=self.eos,
-                            temperature=s.temperature, generator=self.generator)  # fmt: skip
+                            temperature=s.temperature, generator=self.generator,
+                            prefilled=fill)  # fmt: skip
 
     def completion_texts(self, completion: torch.Tensor) -> list[str]:
         """Each completion's text up to its first end-of-sequence token, as TRL scores it
@@ -109,25 +114,28 @@ class GrpoLoss:
         rows = [row[keep].tolist() for row, keep in zip(completion, kept)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def group_loss(self, model, prompt: list[int], completion, rewards):
+    def group_loss(self, model, prompt: list[int], completion, rewards, ran=None):
         """Summed token loss of one group and its completion token count."""
         mask = completion_mask(completion, self.eos)
         ids = torch.cat([torch.tensor([prompt] * len(completion)), completion], dim=1)
-        return group_token_loss(
-            model, ids, completion, mask, group_advantages(rewards), self.settings
-        )
+        advantages = group_advantages(rewards)
+        return group_token_loss(model, ids, completion, mask, advantages, self.settings, ran=ran)
 
     def __call__(self, model, rows):
         total, count, scores, texts_seen = 0.0, 0, [], []
         for row in rows:
             prompt = chat_ids(self.tokenizer, row["prompt"], generation_prompt=True)
+            # the loss's prompt pass (autograd on) first: the rollout starts from its cache
+            # instead of prefilling the same prompt again (10% of a SmolLM2 step)
+            pass_ = getattr(model, "prompt_pass", None)
+            ran = pass_(prompt) if pass_ is not None else None
             with torch.no_grad():
-                completion = self.sample(model, prompt)
+                completion = self.sample(model, prompt, ran)
             texts = self.completion_texts(completion)
             rewards = torch.tensor([float(self.reward(t, row)) for t in texts])
             scores += rewards.tolist()
             texts_seen += texts
-            summed, tokens = self.group_loss(model, prompt, completion, rewards)
+            summed, tokens = self.group_loss(model, prompt, completion, rewards, ran)
             total, count = total + summed, count + tokens
         self.rewards.append(sum(scores) / len(scores))
         self.samples.append(texts_seen)

@@ -30,12 +30,18 @@ def widen_cache(decoder, group: int) -> None:
 
 
 def sample_group(decoder, prompt: list[int], group: int, max_new_tokens: int, *, eos,
-                 temperature: float, generator) -> torch.Tensor:  # fmt: skip
+                 temperature: float, generator, prefilled=None) -> torch.Tensor:  # fmt: skip
     """`group` sampled completions [group, n <= max_new_tokens] of `prompt`, stopping
     when every row has met an `eos` id (later tokens of a finished row are kept: the
-    caller masks past each row's first end)."""
-    decoder.reset()
-    logits = decoder.decode(torch.tensor([prompt]), 0).expand(group, -1)
+    caller masks past each row's first end). `prefilled(decoder)`: fills the decoder's
+    cache with the prompt and gives its last logits [1, V] (GRPO: the loss's own prompt
+    pass), instead of the decoder's prefill."""
+    if prefilled is None:
+        decoder.reset()
+        logits = decoder.decode(torch.tensor([prompt]), 0)
+    else:
+        logits = prefilled(decoder)
+    logits = logits.expand(group, -1)
     widen_cache(decoder, group)
     tokens, done = [], np.zeros(group, dtype=bool)
     for step in range(max_new_tokens):

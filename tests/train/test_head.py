@@ -136,12 +136,7 @@ def test_shared_prompt_runs_once(tiny_checkpoint, variant, width):
     (got * upstream).sum().backward()
     assert_close(got, want, atol=1e-5, rtol=1e-5, what="completion log-probs")
     assert_grads_equal(grads(cut), grads(uncut))
-    runner = cut._prefix[False]
-    shapes = []
-    decode = runner.module.decode
-    runner.module.decode = lambda tokens, *a, **k: (
-        shapes.append(tuple(tokens.shape)) or decode(tokens, *a, **k)
-    )
+    shapes = calls(cut._prefix[False])
     with torch.no_grad():
         cut.completion_logps(ids, completion, 0.7)
     assert shapes == [(1, 9)] + ([(4, width - 1)] if width > 1 else [])  # the prompt once
@@ -149,6 +144,48 @@ def test_shared_prompt_runs_once(tiny_checkpoint, variant, width):
     want_ref = completion_logps(uncut.reference(ids), completion, 0.7)
     assert cut._prefix[True] is not None
     assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
+
+
+def calls(runner) -> list:
+    """The token shapes `runner`'s decode is called with, from now on."""
+    shapes, decode = [], runner.module.decode
+    runner.module.decode = lambda tokens, *a, **k: (
+        shapes.append(tuple(tokens.shape)) or decode(tokens, *a, **k)
+    )
+    return shapes
+
+
+@pytest.mark.parametrize("variant", ["base", "tied"])
+def test_shared_start_of_dpo_rows_runs_once(tiny_checkpoint, variant):
+    """DPO's rows (chosen, rejected; pairs of a batch) share their chat template's start:
+    it runs once at batch 1, the rows' rest at batch 4 (train/prefix.py), with the whole
+    forward's log-probs and LoRA gradients; the reference's too, its start's cache kept."""
+    cut, uncut = pair(tiny_checkpoint("llama", variant))
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.cat([torch.randint(2, 256, (1, 12), generator=gen).repeat(4, 1),
+                     torch.randint(2, 256, (4, 9), generator=gen)], dim=1)  # fmt: skip
+    labels = torch.full(ids.shape, IGNORE)
+    for row, (start, end) in enumerate([(13, 18), (14, 20), (12, 16), (15, 19)]):
+        labels[row, start:end] = ids[row, start:end]  # the last column unlabelled
+    weights = torch.tensor([0.7, -1.3, 2.0, 0.4])
+    want = token_logps(uncut(ids), labels)[0]
+    (want.sum(1) * weights).sum().backward()
+    got, mask = cut.label_logps(ids, labels)
+    (got.sum(1) * weights).sum().backward()
+    assert_close(got, want, atol=1e-5, rtol=1e-5, what="labelled log-probs")
+    assert torch.equal(mask, labels[:, 1:] != IGNORE)
+    assert_grads_equal(grads(cut), grads(uncut))
+    shapes = calls(cut._prefix[False])
+    with torch.no_grad():
+        cut.label_logps(ids, labels)
+    assert shapes == [(1, 12), (4, 19 - 12)]  # the start once, the rest to the last label
+    want_ref = token_logps(uncut.reference(ids), labels)[0]
+    ref = cut.label_logps(ids, labels, reference=True)[0]
+    shapes = calls(cut._prefix[True])
+    again = cut.label_logps(ids, labels, reference=True)[0]
+    assert_close(ref, want_ref, atol=1e-5, rtol=1e-5, what="reference log-probs")
+    assert torch.equal(again, ref) and not again.requires_grad
+    assert shapes == [(4, 7)]  # the reference's start ran once, its cache kept
 
 
 def test_a_trained_head_is_not_cut(tiny_checkpoint):
@@ -173,6 +210,34 @@ def test_group_from_one_prefill_draws_what_generate_draws(tiny_checkpoint):
     assert got.shape == (5, 7)
     assert torch.equal(got, want[:, len(prompt) :])
     assert len({tuple(r) for r in got.tolist()}) > 1  # the rows were sampled apart
+
+
+@pytest.mark.parametrize("variant", ["base", "tied"])
+def test_rollout_starts_from_the_loss_prompt_pass(tiny_checkpoint, variant):
+    """GRPO's rollout and loss share one prompt pass (`prompt_pass`): the decoder filled
+    from it draws the tokens of its own prefill, and the loss's log-probs and gradients
+    from it are those of the shared-prompt runner's own pass; the prompt runs once."""
+    model, _ = pair(tiny_checkpoint("llama", variant))
+    prompt = [5, 17, 99, 3, 41, 8, 23, 77]
+    decoder = model.sampler(positions=32)
+    want = sample_group(decoder, prompt, 5, 7, eos=[], temperature=8.0,
+                        generator=torch.Generator().manual_seed(11))  # fmt: skip
+    ran = model.prompt_pass(prompt)
+    got = sample_group(decoder, prompt, 5, 7, eos=[], temperature=8.0,
+                       generator=torch.Generator().manual_seed(11),
+                       prefilled=lambda d: model.prefill(d, ran, len(prompt)))  # fmt: skip
+    assert torch.equal(got, want) and len({tuple(r) for r in got.tolist()}) > 1
+    ids = torch.cat([torch.tensor([prompt] * 5), got], dim=1)
+    upstream = torch.randn(got.shape, generator=torch.Generator().manual_seed(2))
+    expected = model.completion_logps(ids, got, 0.7)
+    (expected * upstream).sum().backward()
+    want_grads = grads(model)
+    shapes = calls(model._prefix[False])
+    logps = model.completion_logps(ids, got, 0.7, ran=ran)
+    (logps * upstream).sum().backward()
+    assert shapes == [(5, 6)]  # only the completions: the prompt ran in `prompt_pass`
+    assert_close(logps, expected, atol=1e-6, rtol=0, what="log-probs")
+    assert_grads_equal(grads(model), want_grads)
 
 
 def test_reward_reads_the_final_answer():

@@ -6,11 +6,14 @@ issue's 30 steps: slow)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from linnet.train.adapted import LoraModel
 from linnet.train.data import read_jsonl, write_jsonl
 from linnet.train.loop import TrainConfig
+from linnet.train.prefix import shared_start
 from linnet.train.trainers import dpo_trainer, sft_trainer
 from tests.train.trl_reference import (
     chat_rows,
@@ -19,6 +22,7 @@ from tests.train.trl_reference import (
     tokenizer,
     trl_dpo,
     trl_sft,
+    words,
 )
 
 LR = 1e-2  # large for a tiny model, so that the adapters move from the first step
@@ -77,15 +81,24 @@ def test_sft_losses_equal_trl(chat_model, tmp_path, pack, completion_only, steps
     assert len(set(round(x, 3) for x in got)) > 1  # the losses move
 
 
-@pytest.mark.parametrize("steps", [4, 12, pytest.param(30, marks=pytest.mark.slow)])
-def test_dpo_losses_equal_trl(chat_model, tmp_path, steps):
+@pytest.mark.parametrize(
+    "steps,system",
+    [(4, False), (12, False), (4, True), pytest.param(30, False, marks=pytest.mark.slow)],
+)
+def test_dpo_losses_equal_trl(chat_model, tmp_path, steps, system):
+    """`system`: every prompt starts with one system message, so a batch's rows share
+    their start and Linnet runs it once (train/prefix.py), as SmolLM2's template does."""
     rows = chat_rows(24, seed=1)
+    if system:
+        message = {"role": "system", "content": words(random.Random(5), 16)}
+        rows = [{**r, "prompt": [message, *r["prompt"]]} for r in rows]
     want = trl_dpo(chat_model, rows, tmp_path, steps=steps, lr=LR, batch=2, beta=0.1)
     model = LoraModel.from_peft(chat_model, tmp_path / "initial")
     config = TrainConfig(steps=steps, lr=LR, batch_size=2)
     trainer = dpo_trainer(
         model, tokenizer(chat_model), linnet_rows(tmp_path, rows, "dpo"), config, beta=0.1
     )
+    assert all(shared_start(*b) for b in trainer.batches) == system
     got = trainer.run()
     assert len(want) == steps
     assert_steps_match(got, want)
