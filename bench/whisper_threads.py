@@ -52,11 +52,13 @@ def linnet_variant(export: Path, folder: Path, samples, tuned: bool):
     if not tuned:  # the same int8 folder, every session with onnxruntime's default options
         options = ort.SessionOptions()
         files = {name: e["file"] for name, e in model.signature["entries"].items()}
+        vocab = model.vocab  # the int8 projection's f32 rows (linnet/onnx_vocab.py)
         model = OnnxModel(model.signature, {
             name: ort.InferenceSession(str(model.export_folder / f), options,
                                        providers=["CPUExecutionProvider"])
             for name, f in files.items()
         })  # fmt: skip
+        model.vocab = vocab
     return lambda: cut_at_end(
         transcribe(
             model, samples, language="en", task="transcribe", max_new_tokens=32, folder=folder

@@ -99,6 +99,11 @@ def load(
             raise LinnetError(f"{where}: onnxruntime cannot load it{hint}: {e}") from None
     model = OnnxModel(signature, sessions)
     model.export_folder = folder  # the folder run (numerics="fast": the int8 copy)
+    decode = signature["entries"].get("decode", {})
+    if "int8_vocab" in decode:  # numerics="fast": linnet/onnx_vocab.py
+        from linnet.onnx_vocab import Int8Vocab
+
+        model.vocab = Int8Vocab.load(folder, decode["file"], decode["int8_vocab"])
     return model
 
 
@@ -192,7 +197,7 @@ class OnnxModel(Model):
             # back shares its memory but not the numpy buffer behind it, which would be freed.
             if part not in inplace or value.data_ptr() != self.state[part].data_ptr():
                 self.state[part] = value
-        return results[0].numpy()
+        return results[0].numpy() if n == 1 else tuple(r.numpy() for r in results[:n])
 
     @staticmethod
     def _bind_dims(entry: dict, feeds: dict, dim_values: dict) -> dict:
@@ -225,7 +230,30 @@ class OnnxDecoder(Decoder, OnnxModel):
 
 
 class OnnxSeq2Seq(Seq2Seq, OnnxModel):
-    """An export with `encode` and `decode`: the encoder fills the states decoding reads."""
+    """An export with `encode` and `decode`: the encoder fills the states decoding reads.
+    With numerics="fast" `decode` computes the vocabulary projection in int8 and its final
+    hidden state (linnet/onnx_vocab.py): `decode` still returns the f32 logits (from the
+    hidden state), `decode_bounded` the int8 ones with what makes the greedy token exact."""
+
+    vocab = None  # Int8Vocab where decode.onnx projects in int8
+
+    def _decode(self, ids, pos: int):
+        out = super()._decode(ids, pos)
+        if not isinstance(out, tuple):
+            return out
+        if self.vocab is None:
+            raise LinnetError("this decode.onnx projects in int8: load it with linnet.onnx.load")
+        return self.vocab.full(out[1])
+
+    def decode_bounded(self, ids, pos: int):
+        """`decode`, its logits the int8 projection's: a `BoundedLogits` whose `argmax`
+        gives the f32 greedy token."""
+        if self.vocab is None:
+            raise LinnetError("decode_bounded: this decode.onnx projects in f32 already")
+        from linnet.onnx_vocab import BoundedLogits
+
+        logits, hidden = super()._decode(self._ids(ids), int(pos))
+        return BoundedLogits(logits, hidden, self.vocab)
 
 
 family(OnnxModel, OnnxEncoder, OnnxDecoder, OnnxSeq2Seq)

@@ -5,9 +5,12 @@ quantization), activations quantized per call, as CTranslate2's int8 compute typ
 
 Every entry but `decode` is quantized: a decode step's logits pick each greedy token, and on
 a whisper-tiny-shaped random checkpoint int8 decoder layers moved the first step's logits past
-its top-2 gap (7e-4) while saving 6% of a step with the vocabulary projection kept f32 (35%
-with it quantized too, and the first token changed). So the encoder side (Whisper's `encode`,
-an encoder's `embed`, `forward`) runs int8 and decoding f32.
+its top-2 gap (7e-4) while saving 6% of a step with the vocabulary projection kept f32. So the
+encoder side (Whisper's `encode`, an encoder's `embed`, `forward`) runs int8 and decoding's
+layers f32. An encoder-decoder's `decode` projects to the vocabulary in int8 and also outputs
+its final hidden state, from which linnet/onnx_vocab.py recomputes in f32 every token the
+int8 error bound lets win: greedy tokens stay f32's, and `decode` itself still returns whole
+f32 rows (from the hidden state).
 
 Each quantized entry's graph is first optimized by onnxruntime at the basic level and saved
 (a weight read through a Transpose becomes a constant MatMul input, which the quantizer
@@ -15,9 +18,10 @@ needs), then `quantize_dynamic` makes every MatMul with a constant weight a MatM
 over int8 weights with one scale per output column (`per_channel`). Attention's MatMuls (no
 constant input), convolutions, norms and embedding lookups stay f32, and so does a projection
 to the vocabulary (a weight `vocab` columns wide: `forward`'s logits). The quantized folder
-is made once into `$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused; what
-it keeps f32 as exported (`decode`) reads the export's weights file through a hard link (a
-copy only where the two folders are on different file systems). The cache is pruned each time
+is made once into `$LINNET_CACHE/onnx-fast/` (keyed by the export's files) and reused; its
+f32 weights (all of `decode`'s but the int8 projection's) are read from the export's weights
+file through a hard link (a copy only where the two folders are on different file systems). The
+cache is pruned each time
 a folder is made: entries of the same export made from older files, of an export that is gone,
 from before this layout, and past the `KEEP` most recently used; none used in the last
 `GRACE_S` seconds (another process may be loading it). The error this costs is bounded per
@@ -33,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 #: The settings of the quantization (part of the cache key, with `reduce_range()`).
-SETTINGS = "int8 weights, per output column, MatMul with a constant weight; v2"
+SETTINGS = "int8 weights, per output column, MatMul with a constant weight; int8 vocab; v3"
 #: Cache entries kept (the most recently used), and how recent a use spares any entry.
 KEEP, GRACE_S = 4, 600.0
 #: Each entry's record of the export it was made from (absent: made before v2).
@@ -114,8 +118,9 @@ def _key(folder: Path) -> str:
 
 
 def _quantize_folder(folder: Path, out: Path) -> None:
-    """Every `*.onnx` but `decode` quantized (weights beside it); `decode` and the other
-    files as exported, the weights file hard-linked."""
+    """Every `*.onnx` but `decode` quantized (weights beside it); the other files as
+    exported, the weights file hard-linked; an encoder-decoder's `decode` with the int8
+    vocabulary projection."""
     import json
 
     config = json.loads((folder / "linnet.json").read_text(encoding="utf-8"))["config"]
@@ -125,6 +130,28 @@ def _quantize_folder(folder: Path, out: Path) -> None:
     for f in folder.iterdir():
         if f.is_file() and f not in quantized:
             _share(f, out / f.name)
+    _int8_vocabulary(folder, out)
+
+
+def _int8_vocabulary(folder: Path, out: Path) -> None:
+    """An encoder-decoder's (Whisper's) `decode` with its vocabulary projection int8 and its
+    greedy token f32's (linnet/onnx_vocab.py: `linnet.speech.greedy` uses it): a new
+    decode.onnx beside the shared weights, and a linnet.json that says so. A decoder-only
+    export's `decode` stays as exported (its `generate` reads whole f32 rows)."""
+    from linnet.onnx_vocab import add_to_signature, int8_projection
+
+    if not (folder / "decode.onnx").is_file() or not (folder / "encode.onnx").is_file():
+        return
+    (out / "decode.onnx").unlink()
+    info = int8_projection(
+        folder / "decode.onnx", out / "decode.onnx", 63 if reduce_range() else 127
+    )
+    if info is None:
+        _share(folder / "decode.onnx", out / "decode.onnx")
+        return
+    (out / "linnet.json").unlink()  # a hard link to the export's: written anew
+    (out / "linnet.json").write_text((folder / "linnet.json").read_text(encoding="utf-8"))
+    add_to_signature(out / "linnet.json", info)
 
 
 def _share(source: Path, target: Path) -> None:

@@ -174,19 +174,29 @@ def greedy(model, prompt: np.ndarray, rules: WhisperRules, max_new_tokens: int,
     """Greedy tokens after `prompt` (after `model.encode`), with the suppression rules (and
     the timestamp rules), in transformers' order: begin-suppress, suppress, timestamps."""
     batch = prompt.shape[0]
-    logits = model.decode(prompt, 0)
+    decode, bounded = _step(model, timestamps)
+    logits = decode(prompt, 0)
     out: list[list[int]] = [[] for _ in range(batch)]
     done = np.zeros(batch, dtype=bool)
     for step in range(max_new_tokens):
-        scores = rule_scores(_host(logits), rules, out, timestamps)
-        token = scores.argmax(-1)
+        scores = rule_scores(_host(logits.logits if bounded else logits), rules, out, timestamps)
+        token = logits.argmax(scores) if bounded else scores.argmax(-1)
         for i in np.flatnonzero(~done):
             out[i].append(int(token[i]))
         done |= np.isin(token, rules.eos)
         if done.all() or step + 1 == max_new_tokens:
             break
-        logits = model.decode(token[:, None].astype(np.int64), prompt.shape[1] + step)
+        logits = decode(token[:, None].astype(np.int64), prompt.shape[1] + step)
     return out
+
+
+def _step(model, timestamps: bool):
+    """(the decode call, whether it gives `BoundedLogits`): numerics="fast" ONNX projects to
+    the vocabulary in int8 and makes the argmax exact (linnet/onnx_vocab.py); the timestamp
+    rule reads whole rows' probabilities, so there the f32 row."""
+    if not timestamps and getattr(model, "vocab", None) is not None:
+        return model.decode_bounded, True
+    return model.decode, False
 
 
 def rule_scores(logits: np.ndarray, rules: WhisperRules, out: list[list[int]], timestamps):
