@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Packed-weight decode in one process, rounds interleaved: Linnet (numerics="fast") with
-its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), with its f32 C++ kernel
-(LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what ran before the kernel)
-and llama.cpp, all on the same GGUF file.
+its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), the same with the step's
+norms, rope and attention on PyTorch's ops instead of decode_ops.cpp ("torch step ops"),
+with its f32 C++ kernel (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what
+ran before the kernels) and llama.cpp, all on the same GGUF file.
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -72,12 +73,13 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
     found = {
         "linnet int8 x": (run, "1"),
+        "linnet torch step ops": (run, "nostep"),
         "linnet kernel": (run, "int8x=0"),
         "linnet pytorch": (run, "0"),
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
     }
     if dtype == "bf16":  # no packed weights: the integer kernel does not apply
-        del found["linnet int8 x"]
+        del found["linnet int8 x"], found["linnet torch step ops"]
     return found
 
 
@@ -86,6 +88,9 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
 
     import torch
 
+    from linnet.backends.torch import kernels as kernels_mod
+
+    step_ops = kernels_mod.step_ops
     ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     runs = variants(gguf, dtype, args.threads, ckpt)
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -94,8 +99,10 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
             # both read on every packed linear call; int8x=0: the f32 kernel
             os.environ["LINNET_KERNELS"] = "0" if kernels == "0" else "1"
             os.environ["LINNET_INT8X"] = "0" if kernels == "int8x=0" else "1"
+            kernels_mod.step_ops = (lambda: None) if kernels == "nostep" else step_ops
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
+    kernels_mod.step_ops = step_ops
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
     return {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}

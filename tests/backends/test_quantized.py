@@ -333,4 +333,7 @@ def test_compile_mode_calls_the_packed_kernels(tiny_llama_ggufs, numerics):
         model.decode(logits.argmax(-1, keepdim=True), model.position)
     called = {e.name for e in prof.events() if e.name.startswith("linnet_kernels::")}
     int8 = numerics == "fast" and kernels.int8x_linear_op() is not None
-    assert called == {f"linnet_kernels::packed_linear{'_int8x' if int8 else ''}"}, called
+    # the eager entry's final norm under `fast`: decode_ops.cpp's rms_norm (the compiled
+    # layers call no step op: their norms, rope and attention are Inductor's)
+    eager = {"linnet_kernels::rms_norm"} if numerics == "fast" else set()
+    assert called == {f"linnet_kernels::packed_linear{'_int8x' if int8 else ''}"} | eager, called

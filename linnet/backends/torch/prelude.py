@@ -296,7 +296,23 @@ def group_norm_fast(x, w, b, groups, eps):
     return F.group_norm(x, groups, w, b, eps)
 
 
+def _step_ops(x, w):
+    """Linnet's C++ ops of a decode step (kernels/decode_ops.cpp) for f32 CPU tensors
+    outside torch.compile (Inductor fuses these ops itself) and autograd; else None.
+    Called ~150 times a step: cheap checks only (`x.device.type` alone costs ~1 us)."""
+    if _kernels is None or x.dtype != torch.float32 or w.dtype != torch.float32:
+        return None
+    if not x.is_cpu or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return None
+    return _kernels.step_ops()
+
+
 def rms_norm_fast(x, w, eps):
+    ops = _step_ops(x, w)
+    if ops is not None:
+        return ops.rms_norm(x, w, eps)  # one pass: 61 calls of a SmolLM2 step
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
@@ -305,10 +321,34 @@ def layer_norm_fast(x, w, b, eps):
 
 
 def rope_fast(x, cos, sin, offset):
+    ops = None if type(offset) is not int else _step_ops(x, cos)
+    if ops is not None and sin.dtype == torch.float32:
+        return ops.rope(x, cos, sin, offset)  # rope_ref's products and sums, one call
     return rope_ref(x, cos, sin, offset)
 
 
+def _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
+    """A decode step's attention in one C++ call: one f32 query at position q_offset (an
+    int: not per-row positions) over the cache's keys 0..q_offset (a window's last
+    `window` of them), no padding mask; None where that is not the case."""
+    if key_mask is not None or not causal or type(q_offset) is not int:
+        return None
+    t = k.shape[2]
+    if t != q_offset + 1 or q.shape[2] != 1 or v.dtype != torch.float32:
+        return None
+    ops = _step_ops(q, k)
+    if ops is None:
+        return None
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
+    start = t - window if window and t > window else 0
+    sinks = None if sinks is None else sinks.float().contiguous()
+    return ops.decode_attention(q, k, v, scale, start, sinks)
+
+
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
+    out = _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
+    if out is not None:
+        return out
     if sinks is not None:  # no fused kernel takes sinks
         return attention_ref(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     s, t = q.shape[2], k.shape[2]

@@ -5,6 +5,8 @@
     int8x_linear_op()           # packed_vnni.cpp's op (x rounded to int8) where this CPU has
                                 # AVX512-VNNI or AVX2 (packed_int8_avx2.cpp), or None
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
+    step_ops()                  # load(), for the per-call helpers of a decode step
+                                # (decode_ops.cpp: rms_norm, rope, decode_attention)
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
 with the C++ compiler against torch's headers into `$LINNET_CACHE/kernels/KEY` (default
@@ -31,10 +33,14 @@ SOURCES = (
     "packed_vnni.cpp",
     "packed_int8_avx2.cpp",
     "mxfp4_gemv.cpp",
+    "decode_ops.cpp",
 )
 FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
+_KEY = "LINNET_KERNELS"
+_ENVIRON = getattr(os.environ, "_data", None)  # what os.environ[...] = ... updates
+_KERNELS_KEY = os.environ.encodekey(_KEY) if isinstance(_ENVIRON, dict) else None
 
 
 def enabled() -> bool:
@@ -85,6 +91,17 @@ def int8x_linear_op():
     return ops.packed_linear_int8x if _loaded["int8x"] else None
 
 
+def step_ops():
+    """`load()` for helpers called ~150 times a decode step (decode_ops.cpp's norm, rope
+    and attention): the same answer, LINNET_KERNELS read from the environment's own dict
+    (`os.environ.get` costs ~1.5 us a call) and parsed only when it changed."""
+    raw = _ENVIRON.get(_KERNELS_KEY) if _KERNELS_KEY is not None else os.environ.get(_KEY)
+    seen = _loaded.get("step")
+    if seen is None or seen[0] != raw:
+        seen = _loaded["step"] = (raw, load())
+    return seen[1]
+
+
 def _register_fakes() -> None:
     """Shapes for torch.compile's tracing (the ops run eagerly between graphs)."""
 
@@ -99,6 +116,18 @@ def _register_fakes() -> None:
     @torch.library.register_fake("linnet_kernels::bf16_linear")
     def _(x, w, b):
         return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::rms_norm")
+    def _(x, w, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("linnet_kernels::rope")
+    def _(x, cos, sin, offset):
+        return x.new_empty(x.shape)
+
+    @torch.library.register_fake("linnet_kernels::decode_attention")
+    def _(q, k, v, scale, start, sinks):
+        return q.new_empty(q.shape)
 
 
 def _cpu_flags() -> str:

@@ -1,0 +1,230 @@
+// The small ops of a decode step in one call each (numerics="fast", f32, CPU): RMSNorm in
+// one pass, rope from the tables, and attention of one query over the cache (GQA, an
+// optional window start and per-head sinks). At batch 1 each replaces 4-10 PyTorch ops
+// whose dispatch costs more than their arithmetic (docs/torch.md). References:
+// prelude.py's rms_norm_ref, rope_ref, attention_ref. Sums are f32 in another order than
+// the references'; rope makes the reference's products and sum exactly (no fma below).
+#pragma GCC optimize("fp-contract=off")
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kLanes = 16;  // independent partial sums: the compiler vectorises them
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  const __m256 s8 = _mm256_add_ps(s0, s1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#else
+  float acc[kLanes] = {};
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// w * (x * rsqrt(mean(x^2) + eps)) for each row of x (..., n), as rms_norm_ref.
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "f32");
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.is_contiguous(), "w: (", n, ")");
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t rows = n ? x.numel() / n : 0;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                   [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = xp + r * n;
+      float* yr = yp + r * n;
+      const float mean = dot(xr, xr, n) / static_cast<float>(n);
+      const float inv = 1.f / std::sqrt(mean + static_cast<float>(eps));
+      for (int64_t i = 0; i < n; ++i) yr[i] = wp[i] * (xr[i] * inv);
+    }
+  });
+  return y;
+}
+
+// x [B, H, S, D] (any strides, D's 1) rotated at positions offset..offset+S with the
+// [N, D] tables (cos repeated, sin signed): x * cos + swap_halves(x) * sin, contiguous.
+at::Tensor rope(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                int64_t offset) {
+  TORCH_CHECK(x_in.dim() == 4 && x_in.scalar_type() == at::kFloat, "x: f32 (B, H, S, D)");
+  const at::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = D / 2;
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 &&
+                    t->size(1) == D, "tables: f32 (N, ", D, ")");
+  TORCH_CHECK(D % 2 == 0 && offset >= 0 && offset + S <= cos.size(0) &&
+                  sin.size(0) == cos.size(0), "positions past the tables");
+  at::Tensor y = at::empty({B, H, S, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>() + offset * D;
+  const float* sp = sin.data_ptr<float>() + offset * D;
+  float* yp = y.data_ptr<float>();
+  const int64_t sb = x.stride(0), sh = x.stride(1), ss = x.stride(2);
+  at::parallel_for(0, B * H * S, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)),
+                   [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t s = i % S, h = (i / S) % H, b = i / (S * H);
+      const float* xr = xp + b * sb + h * sh + s * ss;
+      const float* c = cp + s * D;
+      const float* sn = sp + s * D;
+      float* yr = yp + i * D;
+      for (int64_t j = 0; j < half; ++j) {  // products rounded, then summed: rope_ref's
+        const float p = xr[j] * c[j], q = xr[j + half] * sn[j];
+        yr[j] = p + q;
+      }
+      for (int64_t j = half; j < D; ++j) {
+        const float p = xr[j] * c[j], q = xr[j - half] * sn[j];
+        yr[j] = p + q;
+      }
+    }
+  });
+  return y;
+}
+
+struct Attn {
+  const float *q, *k, *v, *sinks;
+  float* out;
+  int64_t H, G, T, D, start;
+  int64_t qb, qh, kb, kh, kt, vb, vh, vt;
+  float scale;
+};
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x on 8 lanes for x <= 0 (scores less their max), Cephes' expf: x = n ln2 + r with
+// ln2 in two parts, e^r = 1 + r + r^2 p(r) (degree 5), 2^n from exponent bits; x is
+// clamped at -87 (e^-87 ~ 1.6e-38, still normal), where softmax weights are 0 anyway.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                        1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+// scores[i] = e^(scores[i] - top) for i in lo..hi-1; their sum.
+float exp_sum(float* scores, int64_t lo, int64_t hi, float top) {
+  float total = 0.f;
+  int64_t i = lo;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= hi; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(scores + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (const float l : lanes) total += l;
+#endif
+  for (; i < hi; ++i) total += scores[i] = std::exp(scores[i] - top);
+  return total;
+}
+
+// One (batch, head): softmax(q k^T * scale) over keys start..T-1 (and the head's sink in
+// the denominator), times v; f32 throughout.
+void attend(const Attn& a, int64_t b, int64_t h, float* scores) {
+  const int64_t g = h / a.G;
+  const float* q = a.q + b * a.qb + h * a.qh;
+  const float* k = a.k + b * a.kb + g * a.kh;
+  const float* v = a.v + b * a.vb + g * a.vh;
+  float top = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+  for (int64_t t = a.start; t < a.T; ++t) {
+    scores[t] = dot(q, k + t * a.kt, a.D) * a.scale;
+    top = std::max(top, scores[t]);
+  }
+  const float total =
+      exp_sum(scores, a.start, a.T, top) + (a.sinks ? std::exp(a.sinks[h] - top) : 0.f);
+  float* o = a.out + (b * a.H + h) * a.D;
+  std::fill(o, o + a.D, 0.f);
+  for (int64_t t = a.start; t < a.T; ++t) {
+    const float p = scores[t] / total;
+    const float* vr = v + t * a.vt;
+    for (int64_t d = 0; d < a.D; ++d) o[d] += p * vr[d];
+  }
+}
+
+// q [B, H, 1, D] over k, v [B, KV, T, D] (the cache's rows 0..T-1, D's stride 1): every
+// key from `start` on (a decode step's causal mask hides none; a window's starts later).
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in,
+                            const at::Tensor& v_in, double scale, int64_t start,
+                            const c10::optional<at::Tensor>& sinks) {
+  for (const at::Tensor* t : {&q_in, &k_in, &v_in})
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat, "q, k, v: f32 (B, heads, T, D)");
+  // rows read where they lie (a slice of the cache) when each one's D elements are
+  const at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
+  const at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
+  const at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), T = k.size(2);
+  TORCH_CHECK(q.size(2) == 1 && KV > 0 && H % KV == 0 && k.size(0) == B && k.size(3) == D &&
+                  v.sizes() == k.sizes(), "shapes: one query, GQA");
+  TORCH_CHECK(start >= 0 && start < T, "start: 0..T-1");
+  if (sinks.has_value())
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                    sinks->numel() == H, "sinks: f32 (H)");
+  at::Tensor out = at::empty({B, H, 1, D}, q.options());
+  const Attn a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+               sinks.has_value() ? sinks->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+               H, H / KV, T, D, start, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+               k.stride(2), v.stride(0), v.stride(1), v.stride(2), static_cast<float>(scale)};
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(T * D, 1));
+  at::parallel_for(0, B * H, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> scores(T);
+    for (int64_t i = lo; i < hi; ++i) attend(a, i / H, i % H, scores.data());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin, int offset) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale, int start, Tensor? sinks)"
+        " -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
+  m.impl("rms_norm", rms_norm);
+  m.impl("rope", rope);
+  m.impl("decode_attention", decode_attention);
+}

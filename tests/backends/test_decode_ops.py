@@ -1,0 +1,212 @@
+"""The C++ ops of a decode step (kernels/decode_ops.cpp; docs/torch.md) against the
+reference decompositions of prelude.py, on odd sizes:
+
+- `rms_norm` within 2e-6 relative of `rms_norm_ref` (f32 sums in another order);
+- `rope` equal to `rope_ref` bit for bit (the same products, rounded, then summed);
+- `decode_attention` within 2e-6 of `attention_ref` (GQA, a window, sinks; a polynomial
+  e^x: within 2 ulp in f32);
+- the fast helpers call them for f32 CPU decode, and keep the PyTorch path for bf16, for
+  per-row positions and with LINNET_KERNELS=0; a tiny Llama's greedy decode in
+  `generated`/`fast` runs them and gives transformers' tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import linnet.torch as lt
+from linnet.backends.torch import kernels
+from linnet.backends.torch import prelude as P
+from tests.checkpoints import build_tiny, load_reference, probe_ids
+
+pytestmark = pytest.mark.skipif(
+    not kernels.cpu_supported(), reason="the C++ kernels need an x86 CPU with AVX2"
+)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = kernels.load()
+    assert ops is not None, "the C++ kernels did not build (see the warning)"
+    return ops
+
+
+class _Spy:
+    """The op namespace, counting calls by op name."""
+
+    def __init__(self, ops):
+        self.ops, self.calls = ops, {}
+
+    def __getattr__(self, name):
+        op = getattr(self.ops, name)
+
+        def counted(*args):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return op(*args)
+
+        return counted
+
+
+@pytest.fixture
+def spy(ops, monkeypatch):
+    """Counts the ops the helpers call; None where `step_ops` answers None."""
+    spy, real = _Spy(ops), kernels.step_ops
+    monkeypatch.setattr(kernels, "step_ops", lambda: spy if real() is not None else None)
+    return spy
+
+
+@pytest.mark.parametrize("n", [1, 7, 577, 1000])
+def test_rms_norm_within_f32_bound(spy, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(3, 5, n, generator=g) * 3
+    w = torch.randn(n, generator=g)
+    got = P.rms_norm_fast(x, w, 1e-5)
+    want = P.rms_norm_ref(x, w, 1e-5)
+    assert spy.calls == {"rms_norm": 1}
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
+    # a strided x (a slice) and a zero row: eps alone under the root
+    x[1, 2] = 0
+    got = P.rms_norm_fast(x[:, 1:4], w, 1e-5)
+    torch.testing.assert_close(got, P.rms_norm_ref(x[:, 1:4], w, 1e-5), rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize(
+    ("heads", "seq", "dim", "offset"), [(3, 1, 6, 0), (9, 1, 64, 41), (5, 7, 34, 3)]
+)
+def test_rope_equals_rope_ref_bit_for_bit(spy, heads, seq, dim, offset):
+    """x as the generated code hands it over: a permuted slice of the fused qkv output."""
+    cos, sin = P.rope_tables(dim, 64, 10000.0, "default", 1, 1, 1, 1)
+    g = torch.Generator().manual_seed(dim)
+    qkv = torch.randn(2, seq, heads * dim + 5, generator=g)
+    x = qkv[..., : heads * dim].reshape(2, seq, heads, dim).permute(0, 2, 1, 3)
+    got = P.rope_fast(x, cos, sin, offset)
+    assert spy.calls == {"rope": 1} and got.shape == x.shape
+    assert torch.equal(got, P.rope_ref(x, cos, sin, offset))
+    xt = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # D not contiguous: copied first
+    assert torch.equal(P.rope_fast(xt, cos, sin, offset), P.rope_ref(xt, cos, sin, offset))
+
+
+def _cache(b, kv, t, d, g):
+    """k, v: the first t rows of a [B, KV, 50, D] cache, as a decode step reads them."""
+    k, v = torch.randn(2, b, kv, 50, d, generator=g)
+    return k[:, :, :t], v[:, :, :t]
+
+
+@pytest.mark.parametrize("window", [0, 7, 40])
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize(("heads", "kv", "t", "d"), [(6, 2, 1, 17), (6, 3, 33, 40), (9, 3, 41, 64)])
+def test_decode_attention_within_f32_bound(spy, window, sinks, heads, kv, t, d):
+    g = torch.Generator().manual_seed(t * 100 + d)
+    q = torch.randn(2, heads, 1, d, generator=g) * 2
+    k, v = _cache(2, kv, t, d, g)
+    s = torch.randn(heads, generator=g) if sinks else None
+    got = P.attention_fast(q, k, v, True, t - 1, window, None, None, s)
+    want = P.attention_ref(q, k, v, True, t - 1, window, None, None, s)
+    assert spy.calls == {"decode_attention": 1}
+    assert (got - want).abs().max().item() <= 2e-6
+
+
+def test_exp_polynomial_within_two_ulp(ops):
+    """Scores spread over e^0..e^-87 (the polynomial's range) and one below it: softmax
+    weights read out through v = identity rows, against torch's f32 exp."""
+    t = 64
+    scores = torch.cat([torch.linspace(0, -87, t - 1), torch.tensor([-200.0])])
+    q = torch.zeros(1, 1, 1, t)
+    q[..., 0] = 1
+    k = torch.zeros(1, 1, t, t)
+    k[..., 0] = scores  # q k^T = scores (scale 1)
+    v = torch.eye(t).reshape(1, 1, t, t)  # out = the softmax weights
+    got = ops.decode_attention(q, k, v, 1.0, 0, None).reshape(t)
+    e = torch.exp(scores.double())
+    want = (e / e.sum()).float()
+    tiny = want < 2**-126  # below f32's normal range: e^x clamped at x = -87, so at most
+    assert (got[tiny] <= math.exp(-87)).all()  # e^-87 / sum, an absolute error < 1.7e-38
+    ulp = torch.finfo(torch.float32).eps * want[~tiny]
+    assert ((got[~tiny] - want[~tiny]).abs() <= 2 * ulp).all()
+
+
+def test_pytorch_path_where_the_ops_do_not_apply(spy, monkeypatch):
+    """bf16, per-row positions, a padding mask, a prefill, LINNET_KERNELS=0: no op runs,
+    and the helpers give what they gave before the ops (the PyTorch path, bit for bit)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 64, generator=g), torch.randn(64, generator=g)
+    cos, sin = P.rope_tables(64, 16, 10000.0, "default", 1, 1, 1, 1)
+    q = torch.randn(2, 4, 1, 64, generator=g)
+    k, v = _cache(2, 2, 5, 64, g)
+    P.rms_norm_fast(x.bfloat16(), w.bfloat16(), 1e-5)
+    P.rope_fast(q, cos, sin, torch.tensor([[4], [2]]))
+    P.attention_fast(q, k, v, True, 4, 0, None, torch.ones(2, 5))
+    P.attention_fast(q.expand(2, 4, 5, 64), k, v, True, 0, 0, None)
+    assert spy.calls == {}
+    monkeypatch.setenv("LINNET_KERNELS", "0")
+    assert torch.equal(P.rms_norm_fast(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
+    assert torch.equal(
+        P.attention_fast(q, k, v, True, 4, 0, None),
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    )
+    assert spy.calls == {}
+
+
+def test_fake_shapes_for_compile(ops):
+    """register_fake: the ops trace under torch.compile (opcheck's fake-tensor checks)."""
+    g = torch.Generator().manual_seed(0)
+    cos, sin = P.rope_tables(8, 16, 10000.0, "default", 1, 1, 1, 1)
+    k, v = _cache(1, 2, 5, 8, g)
+    cases = [
+        (ops.rms_norm, (torch.randn(2, 3, 9), torch.randn(9), 1e-5)),
+        (ops.rope, (torch.randn(1, 3, 2, 8), cos, sin, 4)),
+        (ops.decode_attention, (torch.randn(1, 4, 1, 8), k, v, 0.3, 1, torch.randn(4))),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_path):
+    """Greedy decode, `generated`/`fast`: every step's norms, ropes and attentions are
+    the ops (2 norms and 2 ropes a layer and the final norm; one attention a layer)."""
+    folder = build_tiny("llama", "base")
+    reference = load_reference(folder)
+    ids = probe_ids(reference.config.vocab_size)[:1]
+    with torch.no_grad():
+        want = reference.generate(ids, max_new_tokens=6, do_sample=False)[:, ids.shape[1] :]
+    model = lt.load(str(folder), mode="generated", numerics="fast")
+    layers = reference.config.num_hidden_layers
+    model.reset()
+    logits, got = model.decode(ids, 0), []
+    spy.calls.clear()
+    for _ in range(6):
+        got.append(int(logits.argmax()))
+        logits = model.decode(torch.tensor([[got[-1]]]), model.position)
+    assert got == want[0].tolist()
+    steps = 6
+    assert spy.calls == {
+        "rms_norm": steps * (2 * layers + 1),
+        "rope": steps * 2 * layers,
+        "decode_attention": steps * layers,
+    }
+    assert math.isfinite(float(logits.abs().max()))
+
+
+def test_tiny_gpt_oss_decode_with_sinks_and_window_matches_transformers(spy, tmp_path):
+    """GPT-OSS (sinks on every layer, a window of 4 on alternate ones), `generated`/`fast`:
+    decode steps past the window within 1e-4 of transformers' logits, each step's
+    attentions the op (the windowed layers start past key 0)."""
+    from tests.tiny_decoders import reference_logits
+    from tests.tiny_gpt_oss import build_gpt_oss
+
+    folder = build_gpt_oss("spread", tmp_path)
+    ids = probe_ids(256)[:1]
+    want = reference_logits(folder, ids)
+    model = lt.load(folder, dtype="f32", mode="generated", numerics="fast")
+    model.reset()
+    model.decode(ids[:, :10], 0)
+    spy.calls.clear()
+    for pos in range(10, ids.shape[1]):
+        got = model.decode(ids[:, pos : pos + 1], pos)
+        assert (got - want[:, pos]).abs().max().item() <= 1e-4
+    layers = model.hf_config["num_hidden_layers"]
+    assert spy.calls["decode_attention"] == (ids.shape[1] - 10) * layers
