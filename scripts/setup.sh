@@ -26,27 +26,21 @@ pip install -q -c constraints.txt llama-cpp-python
 # The local Hub the pull tests serve their repos from (tests/hub_server.py): olah, and
 # git-lfs for the repos' weights.
 pip install -q -c constraints.txt olah
-if ! git lfs version >/dev/null 2>&1; then
+# Debian's packages, missing ones installed in one apt-get run (one index update, not one
+# per package): git-lfs for the local Hub's repos' weights, headless Chromium for the site's
+# browser tests (tests/site/), espeak-ng for real speech in the Whisper front-end tests
+# (tests/audio/).
+missing=()
+git lfs version >/dev/null 2>&1 || missing+=(git-lfs)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git-lfs >/dev/null
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: git-lfs is missing (apt-get install git-lfs); the Hub pull tests need it" >&2
-  fi
-fi
-# Headless Chromium for the site's browser tests (tests/site/): Debian's package.
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "setup: chromium is missing (apt-get install chromium); tests/site/ needs it" >&2
-  fi
-fi
-# espeak-ng: real speech for the Whisper front-end tests (tests/audio/): Debian's package.
-if ! command -v espeak-ng >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null
-  else
-    echo "setup: espeak-ng is missing (apt-get install espeak-ng); tests/audio/ needs it" >&2
+    echo "setup: ${missing[*]} missing (apt-get install ${missing[*]}): the Hub pull tests," \
+         "tests/site/ and tests/audio/ need them" >&2
   fi
 fi
 echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)')," \

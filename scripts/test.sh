@@ -5,6 +5,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The JAX path in a virtual environment of its own, without torch (scripts/check_jax_only.sh):
+# mostly pip's downloads and installs, so it runs in the background from here, beside the
+# single-threaded lint steps, instead of after the suite; its log and status come at the end.
+JAX_ONLY_LOG=$(mktemp -t linnet-jax-only.XXXXXX)
+bash scripts/check_jax_only.sh >"$JAX_ONLY_LOG" 2>&1 &
+JAX_ONLY_PID=$!
 linnet check zoo/
 # The habits that keep the code readable: one format, lint with complexity <= 15, no module
 # over 500 lines or function over 60 (linnet/, converters/), layers that import downward only.
@@ -27,7 +33,12 @@ python scripts/make_smollm2_checkpoint.py > /dev/null
 LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rfEs --durations=30 \
     -o faulthandler_timeout=900 -n "${LINNET_TEST_WORKERS:-2}" --dist loadfile \
     --max-worker-restart 0 "$@"
-# The JAX path in a virtual environment of its own, without torch.
-bash scripts/check_jax_only.sh
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.
 python scripts/parity_ci.py
+jax_only=0
+wait "$JAX_ONLY_PID" || jax_only=$?
+cat "$JAX_ONLY_LOG"
+if [ "$jax_only" -ne 0 ]; then
+  echo "test: scripts/check_jax_only.sh failed (exit $jax_only)" >&2
+  exit "$jax_only"
+fi

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +244,37 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     assert len(caught) == 1 and kernels.load() is None
     assert not list(tmp_path.rglob("*.so"))
     _assert_within_bound(got, x, w.dequantize())
+
+
+# A C++ compiler that records each call (start, end, arguments): `-c` writes an empty object
+# after a second; the link copies the library this process built (FAKE_LIBRARY).
+_FAKE_CXX = """#!/bin/sh
+start=$(date +%s.%N); out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out=$a; prev=$a; done
+case " $* " in *" -c "*) sleep 1; : > "$out" ;; *) cp "$FAKE_LIBRARY" "$out" ;; esac
+echo "$start $(date +%s.%N) $*" >> "$FAKE_LOG"
+"""
+
+
+def test_two_processes_build_the_kernels_once_in_parallel(tmp_path):
+    """Two processes wanting the same missing library (pytest's two workers): one compiles
+    each source in a compiler call of its own, several at once, and links once; the other
+    waits on the build lock and loads that library."""
+    _require_kernels()
+    fake, log = tmp_path / "cxx", tmp_path / "calls"
+    fake.write_text(_FAKE_CXX)
+    fake.chmod(0o755)
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CXX=str(fake))
+    env.update(FAKE_LOG=str(log), FAKE_LIBRARY=str(kernels.build_dir() / "linnet_kernels.so"))
+    code = "from linnet.backends.torch import kernels; assert kernels.load() is not None"
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    assert [run.wait(timeout=600) for run in runs] == [0, 0]
+    calls = [line.split(maxsplit=2) for line in log.read_text().splitlines()]
+    compiles = sorted((c for c in calls if " -c " in c[2]), key=lambda c: float(c[0]))
+    compiled = sorted(Path(c[2].split(" -c ")[1].split()[0]).name for c in compiles)
+    assert compiled == sorted(kernels.SOURCES) and len(calls) == len(compiles) + 1
+    if (os.cpu_count() or 1) > 1:  # the second compile starts before the first ends
+        assert float(compiles[1][0]) < float(compiles[0][1])
 
 
 @pytest.mark.parametrize("kind", KINDS)

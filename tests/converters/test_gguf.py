@@ -363,6 +363,22 @@ def smollm2_ggufs(smollm2_checkpoint, tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def smollm2_gguf_loaded(smollm2_ggufs):
+    """transformers' GGUF loader on an export, the last one read kept (the loader takes half
+    a minute a file here): test_smollm2_llama_cpp[f16] runs last of its dtypes, so the
+    f16 model it reads serves test_smollm2_transformers_reads_the_f16_export too."""
+    last: dict = {}
+
+    def get(dtype: str):
+        if dtype not in last:
+            last.clear()  # one SmolLM2 (540 MB) held at a time
+            last[dtype] = _transformers_gguf(smollm2_ggufs[dtype])
+        return last[dtype]
+
+    return get
+
+
 def _chat_text(llm, message: str) -> str:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -376,13 +392,15 @@ def _chat_text(llm, message: str) -> str:
     return fmt(messages=[{"role": "user", "content": message}]).prompt
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
-def test_smollm2_llama_cpp(smollm2_ggufs, smollm2_checkpoint, chat_prompts, dtype):
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "f16"])  # f16 last: smollm2_gguf_loaded
+def test_smollm2_llama_cpp(
+    smollm2_ggufs, smollm2_gguf_loaded, smollm2_checkpoint, chat_prompts, dtype
+):
     """llama.cpp and transformers' GGUF loader on the same export and prompts; the loader
     holds exactly the original's weights in the export's type."""
     llm = _llama(smollm2_ggufs[dtype])
     assert llm.metadata["tokenizer.ggml.add_bos_token"] == "false"
-    reference = _transformers_gguf(smollm2_ggufs[dtype])
+    reference = smollm2_gguf_loaded(dtype)
     _assert_holds_the_intended(reference, load_reference(smollm2_checkpoint), dtype)
     for message, want_ids in zip(CHAT_MESSAGES, chat_prompts):
         ids = llm.tokenize(_chat_text(llm, message).encode(), add_bos=False, special=True)
@@ -457,12 +475,14 @@ def test_transformers_reads_the_export(tiny_checkpoint, tiny_gguf, arch, variant
     assert rel <= TINY_GGUF_REL_TOL[dtype]
 
 
-def test_smollm2_transformers_reads_the_f16_export(smollm2_checkpoint, smollm2_ggufs, chat_prompts):
-    model = _transformers_gguf(smollm2_ggufs["f16"])
+def test_smollm2_transformers_reads_the_f16_export(
+    smollm2_checkpoint, smollm2_gguf_loaded, chat_prompts
+):
+    """transformers' GGUF loader on the f16 export gives the original's logits within f16's
+    rounding (that it holds exactly the original's weights cast to f16 is
+    test_smollm2_llama_cpp[f16]'s check, on the same loaded model)."""
+    model = smollm2_gguf_loaded("f16")
     reference = load_reference(smollm2_checkpoint)
-    got_sd = model.state_dict()
-    for name, t in reference.state_dict().items():
-        assert torch.equal(got_sd[name], _intended(t, "f16")), name
     for ids in chat_prompts:
         with torch.no_grad():
             got = model(input_ids=ids).logits[0, -1]

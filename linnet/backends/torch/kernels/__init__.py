@@ -19,9 +19,13 @@ build fails (no compiler, say: one warning line, never an exception).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -155,7 +159,11 @@ def _build_or_load():
     try:
         out = build_dir()
         library = out / "linnet_kernels.so"
-        torch.ops.load_library(str(library if library.is_file() else _build(out)))
+        if not library.is_file():
+            with _build_lock(out):  # another process building it: wait, then load its library
+                if not library.is_file():
+                    _build(out)
+        torch.ops.load_library(str(library))
         _register_fakes()
         return torch.ops.linnet_kernels
     except Exception as e:  # a missing compiler or ninja, a failed build: PyTorch path
@@ -164,24 +172,51 @@ def _build_or_load():
         return None
 
 
-def _build(out: Path) -> Path:
-    """Compile and link the sources with the C++ compiler (CXX, default c++) against
-    torch's headers and libraries; written under a temporary name, then renamed, so a
-    concurrent process never loads half a library."""
-    torch_dir = Path(torch.__file__).parent
+@contextlib.contextmanager
+def _build_lock(out: Path):
+    """An exclusive fcntl lock on OUT/build.lock: two processes (pytest's workers, say)
+    wanting the same library build it once; the kernel drops the lock if the builder dies."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"linnet_kernels.{os.getpid()}.tmp.so"
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [
-        os.environ.get("CXX", "c++"), "-shared", "-fPIC", "-std=c++20", *FLAGS,
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-isystem", str(torch_dir / "include"),
-        *(str(Path(__file__).parent / s) for s in SOURCES),
-        f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", "-o", str(tmp),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[-300:]}")
-    library = out / "linnet_kernels.so"
-    tmp.replace(library)
+    with open(out / "build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compile_all(commands: list[list[str]]) -> None:
+    """Run the compile commands at once, at most one per core; the first failure raises."""
+    width = max(1, min(len(commands), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(width) as pool:
+        runs = pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands)
+        for command, done in zip(commands, list(runs)):
+            if done.returncode != 0:
+                raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[-300:]}")
+
+
+def _build(out: Path) -> Path:
+    """Compile each source to an object file in parallel (one `-c` per source), then link
+    them against torch's libraries with the C++ compiler (CXX, default c++); everything is
+    written under temporary names and the library renamed into place, so a concurrent
+    process never loads half a library."""
+    torch_dir = Path(torch.__file__).parent
+    here = Path(__file__).parent
+    cxx = os.environ.get("CXX", "c++")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix="build.") as work:
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        compile_flags = [
+            "-fPIC", "-std=c++20", *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-isystem", str(torch_dir / "include"),
+        ]  # fmt: skip
+        objects = [str(Path(work) / f"{Path(s).stem}.o") for s in SOURCES]
+        _compile_all(
+            [[cxx, *compile_flags, "-c", str(here / s), "-o", o] for s, o in zip(SOURCES, objects)]
+        )
+        tmp = Path(work) / "linnet_kernels.so"
+        link = [cxx, "-shared", *FLAGS, *objects, f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu"]
+        _compile_all([[*link, "-o", str(tmp)]])
+        library = out / "linnet_kernels.so"
+        tmp.replace(library)
     return library
