@@ -32,6 +32,7 @@ from linnet.model import Decoder  # noqa: E402
 from linnet.source import Source  # noqa: E402
 from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
+from tests.onnx_fusions import sum_fused_convs  # noqa: E402
 
 TOL = 1e-4
 FAST_TOL = 1e-3
@@ -209,6 +210,28 @@ def test_onnx_matches_diffusers(built, encoded, tmp_path, name):
     image = torch.randn(1, 3, 16, 32)  # any image size a multiple of 8
     for entry, want in reference_encode(folder, image).items():
         check(f"{name} onnx {entry} 16x32", model.run(entry, image.numpy()), want, TOL)
+
+
+def test_onnx_folds_residual_adds_as_diffusers_export_does(built, tmp_path):
+    """onnxruntime folds a resnet's residual Add into the NCHWc convolution before it only
+    where it proves both operands the same shape. Linnet's export has symbolic dims (any
+    batch and latent size), which ONNX shape inference loses at each Conv and group norm, so
+    the exporter names them on every intermediate value: as many folds as in diffusers' own
+    torch.onnx export, whose shapes are all fixed."""
+    import linnet.onnx
+
+    folder, latents, _ = built("groups8")
+    export = linnet.onnx.export(folder, tmp_path / "onnx", progress=False)
+    vae = load_reference(folder)
+    vae.forward = lambda x: vae.decode(x).sample
+    with torch.no_grad():
+        torch.onnx.export(
+            vae, (latents,), str(tmp_path / "ref.onnx"), dynamo=False, opset_version=17
+        )
+    want = sum_fused_convs(tmp_path / "ref.onnx")
+    print(f"residual Adds folded: {want} in diffusers' export")
+    # None for both where the CPU has no NCHWc kernels
+    assert sum_fused_convs(export / "decode.onnx") == want
 
 
 def test_the_source_checks_clean():

@@ -34,6 +34,7 @@ from linnet.model import Decoder  # noqa: E402
 from linnet.source import Source  # noqa: E402
 from linnet.weights.planning import plan_checkpoint  # noqa: E402
 from tests.numeric import assert_close  # noqa: E402
+from tests.onnx_fusions import sum_fused_convs  # noqa: E402
 
 TOL = 1e-4
 FAST_TOL = 1e-3
@@ -199,6 +200,34 @@ def test_onnx_matches_diffusers(built, tmp_path, name):
     other = inputs(name, batch=1, height=4, width=8, seed=3)  # another batch and latent size
     got = model.run("forward", *[a.numpy() for a in other])
     check(f"{name} onnx 1x4x8", got, reference(folder, other), TOL)
+
+
+def test_onnx_folds_residual_adds_as_diffusers_export_does(built, tmp_path):
+    """Each resnet's residual Add folded into the NCHWc convolution before it, as in
+    diffusers' own (fixed-shape) torch.onnx export: the export names its symbolic dims on
+    every intermediate value so onnxruntime proves the two operands the same shape."""
+    from diffusers import UNet2DConditionModel
+
+    import linnet.onnx
+
+    folder, args, _ = built("sdxl")
+    export = linnet.onnx.export(folder, tmp_path / "onnx", progress=False)
+
+    class Step(torch.nn.Module):  # the UNet with the added embeddings as plain inputs
+        def __init__(self):
+            super().__init__()
+            self.unet = UNet2DConditionModel.from_pretrained(folder, trust_remote_code=False)
+
+        def forward(self, *xs):
+            return run_diffusers(self.unet, xs)
+
+    path = tmp_path / "ref.onnx"
+    with torch.no_grad():
+        torch.onnx.export(Step().eval(), args, str(path), dynamo=False, opset_version=17)
+    want = sum_fused_convs(path)
+    print(f"residual Adds folded: {want} in diffusers' export")
+    # None for both where the CPU has no NCHWc kernels
+    assert sum_fused_convs(export / "forward.onnx") == want
 
 
 def test_a_latent_size_the_levels_do_not_halve_is_refused(built):

@@ -344,10 +344,15 @@ def _group_norm(a, b, x, w, bias):
     ones, zeros = b.const([1.0] * groups, "f32"), b.const([0.0] * groups, "f32")
     h = b.node("InstanceNormalization", [h, ones, zeros], epsilon=a["eps"])
     h = b.node("Reshape", [h, b.node("Shape", [x])])
+    w, bias = (_cast_between(b, p, a["dtype"], "f32") for p in (w, bias))
+    channels = Poly.lift(a["in_shape"][1])
+    if channels.is_const:  # h * w + b as BatchNormalization of mean 0, variance 1, epsilon 0:
+        # the same floats in one pass over h where Mul then Add take two
+        stats = [b.const([v] * channels.value, "f32") for v in (0.0, 1.0)]
+        y = b.node("BatchNormalization", [h, w, bias, *stats], epsilon=0.0)
+        return _cast_between(b, y, "f32", a["dtype"])
     channel = b.const([-1] + [1] * (rank - 2))  # (C, 1, 1): per channel over H, W
-    w, bias = (
-        b.node("Reshape", [_cast_between(b, p, a["dtype"], "f32"), channel]) for p in (w, bias)
-    )
+    w, bias = (b.node("Reshape", [p, channel]) for p in (w, bias))
     return _cast_between(b, b.node("Add", [b.node("Mul", [h, w]), bias]), "f32", a["dtype"])
 
 

@@ -124,7 +124,12 @@ def to_model(entry: Entry, initializers: list[TensorProto], tied: dict[str, str]
     used = {i for n in b.nodes for i in n.input}
     params = [t for t in initializers if t.name in used]
     graph = helper.make_graph(
-        b.nodes, entry.name, inputs, outputs, initializer=b.constants + params
+        b.nodes,
+        entry.name,
+        inputs,
+        outputs,
+        initializer=b.constants + params,
+        value_info=_inner_shapes(g, b, names),
     )
     model = helper.make_model(
         graph,
@@ -133,6 +138,22 @@ def to_model(entry: Entry, initializers: list[TensorProto], tied: dict[str, str]
         ir_version=IR_VERSION,
     )
     return model
+
+
+def _inner_shapes(g: Graph, b: OnnxBuilder, names: dict) -> list:
+    """Each node result's type with its runtime dims named (`B`, `2*H`), as the inputs'
+    are. ONNX shape inference loses a symbolic dim at a Conv or a Reshape to a computed
+    shape; with the names onnxruntime still proves two tensors the same shape, which its
+    NCHWc rewrite needs to fold a resnet's residual Add into the convolution before it
+    (the "Sum" fusion: without it, a separate Add between reshapes)."""
+    made = {o for n in b.nodes for o in n.output} - b.output_names
+    infos, seen = [], set()
+    for node in g.nodes:
+        name = names.get(node.output) if node.output is not None else None
+        if name in made and name not in seen:
+            seen.add(name)
+            infos.append(value_info(name, node.output.type))
+    return infos
 
 
 def _named_output(b: OnnxBuilder, value: str, name: str, v) -> TensorProto:
