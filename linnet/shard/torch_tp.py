@@ -32,6 +32,18 @@ from linnet.weights.checkpoint import is_gguf
 from linnet.weights.planning import plan_checkpoint
 
 
+def rank_device(device="cpu") -> torch.device:
+    """The device this rank runs on: `cuda` without an index is the rank's own GPU,
+    cuda:LOCAL_RANK as torchrun numbers them (NCCL refuses two ranks on one GPU), made the
+    current CUDA device before the group is joined."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if d.type == "cuda":
+        torch.cuda.set_device(d)
+    return d
+
+
 def init_group(world: int, device="cpu") -> int:
     """Join (or check) the default process group; this process's rank."""
     if not dist.is_initialized():
@@ -86,6 +98,7 @@ def load_tensor_parallel(
     shard = derive_plan(program, world)  # before any collective: a bad config fails alike
     if quant is not None:
         check_blocks(program, shard.params, quant, world)
+    device = rank_device(device)
     rank = init_group(world, device)
     torch_dtype = getattr(
         torch, {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[config["act"]]

@@ -296,6 +296,33 @@ def test_a_rank_that_dies_ends_the_others_with_an_error(tiny_dir, tmp_path):
     assert reports[0]["error"], reports[0]
 
 
+def test_a_cuda_rank_runs_on_its_own_gpu(monkeypatch):
+    """`device="cuda"` is cuda:LOCAL_RANK (NCCL refuses two ranks on one GPU), made current."""
+    from linnet.shard import torch_tp
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert torch_tp.rank_device("cuda") == torch.device("cuda", 1) == current[-1]
+    assert torch_tp.rank_device("cuda:0") == torch.device("cuda", 0) == current[-1]
+    assert torch_tp.rank_device("cpu") == torch.device("cpu") and len(current) == 2
+
+
+NCCL_NEEDS = "tensor parallel over NCCL needs two CUDA devices"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=NCCL_NEEDS)
+def test_two_ranks_over_nccl_match_one(tiny_dir, tmp_path):
+    """Two GPU ranks (NCCL, each on its own device) against one CPU process."""
+    ck = build_tiny("llama", "base", out_dir=tiny_dir)
+    job = dict(checkpoints=[str(ck)], modes=["generated"], new_tokens=NEW_TOKENS, device="cuda")
+    job["ids"] = probe_ids(160).tolist()
+    codes, reports, logs = run_ranks(2, tmp_path, job)
+    assert codes == [0, 0], "\n".join(logs)
+    _matches_one_process(ck, "generated", tmp_path, reports, job)
+
+
 def test_torchrun_linnet_run_tensor_parallel(tiny_dir, tmp_path):
     from tests.tiny_tokenizer import add_tiny_tokenizer
 

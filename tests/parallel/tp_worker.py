@@ -4,9 +4,10 @@ process per rank with torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MAS
     python tp_worker.py OUT_DIR JOB_JSON
 
 JOB_JSON: {"checkpoints": [...], "modes": [...], "ids": [[...]], "new_tokens": n,
-"die_rank": r or null, "packed": [[checkpoint, dtype], ...]}. Each rank writes
-OUT_DIR/rank{r}.json: per checkpoint and mode the forward logits (rank 0 only, as .pt beside
-it) and greedy tokens, or the error it ended with; its peak RSS before and after each load.
+"die_rank": r or null, "packed": [[checkpoint, dtype], ...], "device": "cpu" or "cuda"}.
+Each rank writes OUT_DIR/rank{r}.json: per checkpoint and mode the forward logits (rank 0
+only, as .pt beside it) and greedy tokens, or the error it ended with; its peak RSS before
+and after each load.
 Packed runs are in mode generated, keyed `name:generated:dtype`.
 """
 
@@ -44,7 +45,9 @@ def main() -> int:
     try:
         for ck, mode, dtype in runs:
             before = peak_rss_mb()
-            model = linnet.torch.load(ck, dtype=dtype, mode=mode, tensor_parallel=world)
+            model = linnet.torch.load(
+                ck, dtype=dtype, mode=mode, tensor_parallel=world, device=job.get("device", "cpu")
+            )
             if job.get("die_rank") == rank:
                 os._exit(3)  # a rank that dies after loading, before the first collective
             memory = {"peak_rss_mb_before_load": before, "peak_rss_mb_after_load": peak_rss_mb()}
@@ -52,7 +55,7 @@ def main() -> int:
             tokens = model.generate(ids, job["new_tokens"])
             key = f"{Path(ck).name}:{mode}" + ("" if dtype == "f32" else f":{dtype}")
             if rank == 0:
-                torch.save(logits, out / f"{key.replace(':', '-')}.pt")
+                torch.save(logits.cpu(), out / f"{key.replace(':', '-')}.pt")
             memory["peak_rss_mb_at_end"] = peak_rss_mb()  # after the forward and the tokens
             report["runs"][key] = {"tokens": tokens.tolist(), **memory}
             if dtype == "f32":
