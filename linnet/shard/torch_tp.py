@@ -32,7 +32,7 @@ from linnet.weights.checkpoint import is_gguf
 from linnet.weights.planning import plan_checkpoint
 
 
-def rank_device(device="cpu") -> torch.device:
+def rank_device(device="cpu") -> str:
     """The device this rank runs on: `cuda` without an index is the rank's own GPU,
     cuda:LOCAL_RANK as torchrun numbers them (NCCL refuses two ranks on one GPU), made the
     current CUDA device before the group is joined."""
@@ -41,7 +41,7 @@ def rank_device(device="cpu") -> torch.device:
         d = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if d.type == "cuda":
         torch.cuda.set_device(d)
-    return d
+    return str(d)  # the device as callers name it ("cpu", "cuda:1")
 
 
 def init_group(world: int, device="cpu") -> int:

@@ -303,9 +303,9 @@ def test_a_cuda_rank_runs_on_its_own_gpu(monkeypatch):
     current = []
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert torch_tp.rank_device("cuda") == torch.device("cuda", 1) == current[-1]
-    assert torch_tp.rank_device("cuda:0") == torch.device("cuda", 0) == current[-1]
-    assert torch_tp.rank_device("cpu") == torch.device("cpu") and len(current) == 2
+    assert torch_tp.rank_device("cuda") == "cuda:1" and current[-1] == torch.device("cuda", 1)
+    assert torch_tp.rank_device("cuda:0") == "cuda:0" and current[-1] == torch.device("cuda", 0)
+    assert torch_tp.rank_device("cpu") == "cpu" and len(current) == 2
 
 
 NCCL_NEEDS = "tensor parallel over NCCL needs two CUDA devices"
