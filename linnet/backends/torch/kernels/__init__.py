@@ -43,8 +43,6 @@ FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 _KEY = "LINNET_KERNELS"
-_ENVIRON = getattr(os.environ, "_data", None)  # what os.environ[...] = ... updates
-_KERNELS_KEY = os.environ.encodekey(_KEY) if isinstance(_ENVIRON, dict) else None
 
 
 def enabled() -> bool:
@@ -97,9 +95,9 @@ def int8x_linear_op():
 
 def step_ops():
     """`load()` for helpers called ~150 times a decode step (decode_ops.cpp's norm, rope
-    and attention): the same answer, LINNET_KERNELS read from the environment's own dict
-    (`os.environ.get` costs ~1.5 us a call) and parsed only when it changed."""
-    raw = _ENVIRON.get(_KERNELS_KEY) if _KERNELS_KEY is not None else os.environ.get(_KEY)
+    and attention): the same answer, `load()`'s checks (the CPU's capability among them)
+    redone only when LINNET_KERNELS changed."""
+    raw = os.environ.get(_KEY)
     seen = _loaded.get("step")
     if seen is None or seen[0] != raw:
         seen = _loaded["step"] = (raw, load())
