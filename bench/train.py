@@ -303,6 +303,20 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+def set_steps(count: int | None) -> None:
+    """The same step count for every kind and method (children read it from the
+    environment): more steady steps settle the median step time. The training rows grow
+    with it, so no run repeats its data."""
+    import os
+
+    if count:
+        os.environ["LINNET_BENCH_STEPS"] = str(count)
+    if os.environ.get("LINNET_BENCH_STEPS"):
+        steps = int(os.environ["LINNET_BENCH_STEPS"])
+        SETTINGS["steps"] = {kind: steps for kind in SETTINGS["steps"]}
+        SETTINGS["train_rows"] = max(8, steps * SETTINGS["batch"])
+
+
 def set_threads(count: int | None) -> None:
     """The same PyTorch thread count for every run (children read it from the
     environment): on shared cores two threads that wait on each other at every op ran
@@ -450,6 +464,7 @@ def main() -> None:
         "--plot-only", action="store_true", help="only redraw --plot from the record at --out"
     )
     ap.add_argument("--threads", type=int, help="PyTorch threads in every run")
+    ap.add_argument("--steps", type=int, help="steps of every kind (default: SETTINGS)")
     ap.add_argument("--note", default="", help="a line kept in the record (e.g. the load)")
     ap.add_argument(
         "--grpo-run",
@@ -459,6 +474,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     set_threads(a.threads)
+    set_steps(a.steps)
     if a.worker:
         kind, method, ckpt, initial, out = a.worker
         return worker(kind, method, Path(ckpt), Path(initial), Path(out))
