@@ -34,7 +34,7 @@ from bench.common import machine, provenance, versions  # noqa: E402
 
 KINDS = ("sft", "dpo", "grpo")
 BOTH = ("linnet-torch", "trl", "linnet-jax")  # JAX last: its compile is the longest
-METHODS = {"sft": BOTH, "dpo": BOTH, "grpo": ("linnet-torch", "trl")}
+METHODS = {"sft": BOTH, "dpo": BOTH, "grpo": BOTH}
 SETTINGS = dict(
     r=8, alpha=16, targets=["q_proj", "v_proj"], lr=1e-3, batch=2, seed=0, pack=64,
     steps={"sft": 4, "dpo": 3, "grpo": 3}, train_rows=8, heldout_rows=4, beta=0.1,
