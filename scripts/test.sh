@@ -32,9 +32,9 @@ python scripts/make_smollm2_checkpoint.py > /dev/null
 # 15 minutes prints every thread's stack (it is not stopped: that is a hang's diagnosis).
 # One intra-op thread per worker (OMP_NUM_THREADS, read when torch starts, so also the
 # subprocesses tests start): the two workers already fill the two cores, and a worker's
-# second OpenMP thread only busy-waits against the other worker. Measured under load ~10 on
-# the 2-core EPYC: test_rows.py's interpreter tests 56.6 s of user CPU at two threads,
-# 13.5 s at one. LINNET_TEST_WORKERS=0 (one process) keeps torch's default, and so does
+# second OpenMP thread only busy-waits against the other worker. On the 2-core EPYC, 32 tests
+# of test_rows.py and test_gguf.py over two workers took 94 and 65 s at two threads, 42 and
+# 35 s at one (docs/testing.md). LINNET_TEST_WORKERS=0 (one process) keeps torch's default, and so does
 # the parity gate after it, which runs alone.
 threads=()
 if [ "${LINNET_TEST_WORKERS:-2}" != 0 ]; then threads=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
