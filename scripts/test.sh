@@ -30,7 +30,15 @@ python scripts/make_smollm2_checkpoint.py > /dev/null
 # A worker that crashes ends the run at once and names its test: pytest-xdist 3.8's loadfile
 # scheduler can wait forever after replacing a crashed worker. A test still running after
 # 15 minutes prints every thread's stack (it is not stopped: that is a hang's diagnosis).
-LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rfEs --durations=30 \
+# One intra-op thread per worker (OMP_NUM_THREADS, read when torch starts, so also the
+# subprocesses tests start): the two workers already fill the two cores, and a worker's
+# second OpenMP thread only busy-waits against the other worker. On the 2-core EPYC, 32 tests
+# of test_rows.py and test_gguf.py over two workers took 94 and 65 s at two threads, 42 and
+# 35 s at one (docs/testing.md). LINNET_TEST_WORKERS=0 (one process) keeps torch's default, and so does
+# the parity gate after it, which runs alone.
+threads=()
+if [ "${LINNET_TEST_WORKERS:-2}" != 0 ]; then threads=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"); fi
+env "${threads[@]}" LINNET_STRICT_SKIPS=1 python -m pytest -q -p no:cacheprovider -rfEs --durations=30 \
     -o faulthandler_timeout=900 -n "${LINNET_TEST_WORKERS:-2}" --dist loadfile \
     --max-worker-restart 0 "$@"
 # The parity gate over every zoo entry (tiny random checkpoints) and SmolLM2's real weights.

@@ -91,7 +91,10 @@ def tiny_gguf(tiny_checkpoint, tmp_path_factory):
 def _llama(path: Path, **kw):
     import llama_cpp  # installed by scripts/setup.sh (constraints.txt pins it)
 
-    kw = {"n_ctx": 256, "logits_all": True, "verbose": False, "n_threads": 2, **kw}
+    # torch's thread budget (scripts/test.sh: one per pytest worker, as the two workers fill
+    # the two cores): ggml's threads busy-wait for each other at every op
+    threads = torch.get_num_threads()
+    kw = {"n_ctx": 256, "logits_all": True, "verbose": False, "n_threads": threads, **kw}
     return llama_cpp.Llama(model_path=str(path), **kw)
 
 

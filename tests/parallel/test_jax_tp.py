@@ -1,20 +1,16 @@
 """Tensor parallel on JAX (issue 19): two host devices (XLA_FLAGS, set before jax starts, so
 in a process of its own: tests/parallel/jax_worker.py), params and cache sharded by the plan
 derived from the Core IR, collectives left to XLA; against the same checkpoint on one device.
+GPT-OSS, the three-device split and SmolLM2: test_jax_tp_models.py.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.numeric import assert_within
+from tests.parallel.jax_launch import run_worker
 from tests.parallel.jax_worker import IDS
 from tests.tiny_decoders import build_tiny, reference_greedy
 
@@ -25,19 +21,6 @@ CHECKPOINTS = [
     ("qwen2", "base"), ("qwen3", "base"), ("phi3", "base"), ("gpt2", "base"),
     ("llama", "kv3"),  # 9 heads / 3 KV heads, ffn 99: padded to 4 KV groups and 100 rows
 ]  # fmt: skip
-WORKER = Path(__file__).with_name("jax_worker.py")
-
-
-def run_worker(out: Path, devices: int, world: int, cks: list[str], timeout: float) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    done = subprocess.run(
-        [sys.executable, str(WORKER), str(out), str(world), *cks], env=env, capture_output=True,
-        text=True, timeout=timeout,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(out.read_text())
-    print({Path(k).name: round(v, 1) for k, v in report["seconds"].items()})  # -s: the costs
-    return report
 
 
 @pytest.fixture(scope="module")
@@ -116,57 +99,6 @@ def test_uneven_kv_groups_are_padded_to_even_blocks_on_a_mesh():
         pad_uneven(program, params, mesh_plan(program, SimpleNamespace(shape={"tp": 3})))[1]
         is params
     )  # 3 devices: even already, nothing padded
-
-
-def test_gpt_oss_two_devices_match_one(tmp_path):
-    """GPT-OSS: sinks and experts replicated, the lm_head split; XLA partitions the rest."""
-    from tests.tiny_gpt_oss import build_gpt_oss
-
-    ck = str(build_gpt_oss("spread", tmp_path))
-    run = run_worker(tmp_path / "report.json", 2, 2, [ck], timeout=1800)["runs"][ck]
-    assert run["finite"]
-    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
-    assert run["tokens_two"] == run["tokens_one"]
-    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
-    assert run["shards"]["lm_head"] == [[128, 64], [128, 64]]  # vocab-parallel
-
-
-SMOLLM2_IDS = [[1, 504, 3458, 282, 4649, 314, 2114, 30]]  # a real prompt, 8 tokens
-
-
-def test_smollm2_real_weights_over_two_devices(smollm2_checkpoint, tmp_path):
-    """The issue's case: SmolLM2-135M over a mesh of two, its 3 KV groups padded to 4 (the
-    fourth zero) and its tied embedding and head split on the vocab. A 16-position cache and
-    4 tokens: the default 4096 positions made 6 tokens cost 110-146 s a model here."""
-    ck = str(smollm2_checkpoint)
-    opts = ["--positions", "16", "--ids", json.dumps(SMOLLM2_IDS), "--new", "4", "--parity-only"]
-    run = run_worker(tmp_path / "report.json", 2, 2, [ck, *opts], timeout=1800)["runs"][ck]
-    assert run["finite"]
-    assert run["tokens_two"] == run["tokens_one"]
-    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(SMOLLM2_IDS), 4).tolist()
-    # measured 8.2e-5 of a largest logit of 31.9 (2.6e-6) on the AVX2-only EPYC
-    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
-    assert run["shards"]["layers.0.wq"] == [[384, 576]] * 2  # 12 heads x 64 (3 zero) / 2
-    assert run["shards"]["layers.0.wk"] == [[128, 576]] * 2  # 4 KV heads (1 zero) / 2
-    assert run["shards"]["embed"] == [[24576, 576]] * 2  # vocab-parallel, tied to the head
-    assert run["all_reduce_in_hlo"]
-
-
-def test_three_devices_split_kv_groups_evenly_and_keep_an_uneven_vocab_whole(tmp_path):
-    """The even split without padding (9 heads / 3 KV heads over 3 devices: a KV group
-    each), which SmolLM2 over three devices checked at 217 s; its vocab of 256 does not
-    divide by 3, so the embedding and the head stay whole."""
-    ck = str(build_tiny("llama", "kv3", out_dir=tmp_path))
-    run = run_worker(tmp_path / "report.json", 3, 3, [ck, "--parity-only"], timeout=1800)
-    run = run["runs"][ck]
-    assert run["finite"]
-    assert_within(run["max_abs_diff"], 1e-5 * run["max_abs_logit"])
-    assert run["tokens_two"] == run["tokens_one"]
-    assert run["tokens_one"] == reference_greedy(ck, torch.tensor(IDS), 6).tolist()
-    assert run["shards"]["layers.0.wq"] == [[24, 72]] * 3  # 3 query heads of 8 each
-    assert run["shards"]["layers.0.wk"] == [[8, 72]] * 3  # one KV head each
-    assert run["shards"]["layers.0.down"] == [[72, 33]] * 3  # ffn 99 / 3
-    assert run["shards"]["embed"] == run["shards"]["lm_head"] == [[256, 72]] * 3
 
 
 def test_params_and_cache_are_sharded_by_the_plan(jax_run):

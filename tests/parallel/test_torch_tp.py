@@ -5,7 +5,8 @@ derives, then run tiny random checkpoints split over two ranks (processes starte
 torchrun's environment, `tests/parallel/launch.py`) against the single-process model in the
 same mode: forward logits within 1e-5 of the largest logit, the same greedy tokens (which are
 also transformers'), each rank holding its share of the weights. Bad configurations and a
-rank that dies end every rank with an error, not a hang.
+rank that dies end every rank with an error, not a hang. GPT-OSS and SmolLM2 over ranks:
+test_torch_tp_models.py.
 """
 
 from __future__ import annotations
@@ -185,26 +186,6 @@ def test_two_ranks_match_one(tp_run, index, mode):
     _matches_one_process(cks[index], mode, out, reports, job)
 
 
-@pytest.fixture(scope="module")
-def gpt_oss_run(tmp_path_factory):
-    """GPT-OSS (sinks, experts: whole on every rank; its lm_head vocab-parallel) on two ranks."""
-    from tests.tiny_gpt_oss import build_gpt_oss
-
-    ck = build_gpt_oss("spread", tmp_path_factory.mktemp("tp-gpt-oss"))
-    out = tmp_path_factory.mktemp("tp-gpt-oss-out")
-    job = dict(checkpoints=[str(ck)], modes=MODES, new_tokens=NEW_TOKENS)
-    job["ids"] = probe_ids(256).tolist()
-    codes, reports, logs = run_ranks(2, out, job)
-    assert codes == [0, 0], "\n".join(logs)
-    return ck, out, reports, job
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_gpt_oss_two_ranks_match_one(gpt_oss_run, mode):
-    ck, out, reports, job = gpt_oss_run
-    _matches_one_process(ck, mode, out, reports, job)
-
-
 def _matches_one_process(ck, mode, out, reports, job) -> None:
     """Rank 0's logits within 1e-5 of the largest single-process logit; every rank's greedy
     tokens the single process's, which are transformers'."""
@@ -368,42 +349,6 @@ def _port() -> int:
     from tests.parallel.launch import free_port
 
     return free_port()
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_smollm2_real_weights_over_ranks(smollm2_checkpoint, tmp_path, world):
-    """SmolLM2-135M: 9 heads and 3 KV heads; over 3 ranks a KV group each, over 2 ranks
-    unevenly (2 KV groups and 1: 6 query heads and 3)."""
-    ids = [[1, 504, 3458, 282, 4649, 314, 2114, 30, 378, 3458, 282, 6398, 314]]
-    job = dict(checkpoints=[str(smollm2_checkpoint)], modes=["generated"], ids=ids)
-    job["new_tokens"] = NEW_TOKENS
-    codes, reports, logs = run_ranks(world, tmp_path, job, timeout_s=1200)
-    assert codes == [0] * world, "\n".join(logs)
-    single = linnet.torch.load(smollm2_checkpoint, dtype="f32", mode="generated")
-    plan = derive_plan(single.source.program(single.config), world)
-    assert _local_rows(plan, "layers.0.wq") == {2: [384, 192], 3: [192] * 3}[world]
-    want = single.forward(torch.tensor(ids))
-    got = torch.load(tmp_path / f"{smollm2_checkpoint.name}-generated.pt")
-    assert_within(float((got - want).abs().max()), 1e-5 * float(want.abs().max()))
-    tokens = reference_greedy(smollm2_checkpoint, torch.tensor(ids), NEW_TOKENS).tolist()
-    assert single.generate(torch.tensor(ids), NEW_TOKENS).tolist() == tokens
-    key = f"{smollm2_checkpoint.name}:generated"
-    assert all(r["runs"][key]["tokens"] == tokens for r in reports)
-    # each rank's peak memory grows by about its share (the embedding whole, its part of the
-    # rest; the file pages its memory map touched while slicing count too), below the whole
-    # model a rank reading everything would hold
-    whole = sum(t.nbytes for t in single.params.values())
-    for r in reports:
-        run = r["runs"][key]
-        grew = run["peak_rss_mb_after_load"] - run["peak_rss_mb_before_load"]
-        share = _share(single.params, plan, r["rank"], lambda t: t.nbytes)
-        print(f"rank {r['rank']}: peak RSS {run['peak_rss_mb_after_load']:.0f} MB, "
-              f"+{grew:.0f} MB by its load (its share {share / 2**20:.0f} MiB, "
-              f"the model {whole / 2**20:.0f} MiB)")  # fmt: skip
-        # 35% (was 30%): with the embedding split the share fell by 54 MiB but the load's
-        # growth did not (rank 0 +428 -> +431 MiB, share 328 -> 274: 157 MiB = 31% above it,
-        # docs/parallel.md); the peak at the end of a run fell by 52 MiB (the half held)
-        assert grew * 2**20 < min(whole, share + 0.35 * whole), (r["rank"], grew)
 
 
 def test_onnx_refuses_a_rank_program_clearly():
