@@ -102,6 +102,7 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
     for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
   const int64_t groups = p.cols / kGroup;
   const int8_t* codes = static_cast<const int8_t*>(p.codes);
+#pragma GCC unroll 2
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k = g * kGroup;
     __m256i xq[B], xa[B];
@@ -137,6 +138,7 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
   const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
   const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 2
   for (int64_t g = 0; g < hg; ++g) {
     const int64_t k = g * kGroup;
     __m256i xl[B], xh[B];
