@@ -146,15 +146,19 @@ INT8_CASES = [("q8_0", 512), ("q8_0", 96), ("q8_0", 576), ("q4_0", 512), ("q4_0"
               ("q4_k", 512), ("q4_k", 1536)]  # fmt: skip
 
 
+INT8_BATCHES = [(1,), (3,), (8,), (2, 7), (1, 5)]
+
+
 @pytest.mark.parametrize("kind,cols", INT8_CASES, ids=[f"{k}-{c}" for k, c in INT8_CASES])
-@pytest.mark.parametrize("batch", [(1,), (2, 7), (1, 5)], ids=["decode", "batch", "b5"])
-@pytest.mark.parametrize("rows", [97, 4, 1])
+@pytest.mark.parametrize("batch", INT8_BATCHES, ids=["decode", "b3", "b8", "batch", "b5"])
+@pytest.mark.parametrize("rows", [97, 7, 4, 1])
 def test_int8_activations_within_their_rounding(kind, cols, batch, rows, monkeypatch):
     """numerics="fast" on a VNNI or AVX2 CPU: x rounded to int8 per 32-block, integer dot products.
     Against the exact f64 sum of w . x within the activations' rounding plus f32 summation
     error; and against w . x_hat (x_hat rounded as ggml rounds, in f64) within the f32
     term alone, so the kernel's rounding of x is ggml's (576 columns: 18 blocks, a tail of
-    two; q8_0 96: an odd block; q4_0 576: rows of 9 blocks per half)."""
+    two; q8_0 96: an odd block; q4_0 576: rows of 9 blocks per half). Rows 97 and 7: tiles
+    of 4 and a ragged end of 1 and 3; batches 3, 5, 7 and 8: x rows in pairs and a last one."""
     _require_kernels()
     if not _int8_cpu():  # elsewhere the f32 kernel runs (the tests above cover it)
         assert kernels.int8x_linear_op() is None

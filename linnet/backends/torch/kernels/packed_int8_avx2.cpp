@@ -22,6 +22,9 @@ namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int kRows = 4;  // output rows per tile: each block of x loaded once for them all
+// Prefetch distance in bytes along a tile's codes (its rows lie end to end, one stream):
+// 2 KB streams q8_0 at ~15 GB/s on the AVX2 EPYC where 512 bytes per row gave ~9.
+constexpr int64_t kAhead = 2048;
 
 struct Quantized {          // batch rows of x, each quantized per 32-block
   std::vector<int8_t> q;    // (batch, cols)
@@ -82,6 +85,16 @@ inline __m256 dot_u8s8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
+// sum of a[i] * b[i] in f32, eight lanes then a tail
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 s = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+  float t = hsum(s);
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+
 template <int R, int B>
 void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
   __m256 acc[R][B];
@@ -89,6 +102,7 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
     for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
   const int64_t groups = p.cols / kGroup;
   const int8_t* codes = static_cast<const int8_t*>(p.codes);
+#pragma GCC unroll 2
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k = g * kGroup;
     __m256i xq[B], xa[B];
@@ -96,9 +110,11 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
       xq[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + k));
       xa[b] = _mm256_sign_epi8(xq[b], xq[b]);  // |q|: at most 127, read as u8
     }
+    // the tile's rows lie end to end: prefetch its byte stream kAhead ahead
+    const int8_t* ahead = codes + r0 * p.cols + g * R * kGroup + kAhead;
+    for (int j = 0; j < R * kGroup; j += 64) __builtin_prefetch(ahead + j);
     for (int r = 0; r < R; ++r) {
       const int8_t* row = codes + (r0 + r) * p.cols;
-      __builtin_prefetch(row + k + 512);
       const __m256i w = _mm256_loadu_si256((const __m256i*)(row + k));
       const float s = p.scale[(r0 + r) * groups + g];
       for (int b = 0; b < B; ++b) {
@@ -117,12 +133,12 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
 template <int R, int B>
 void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
   __m256 acc[R][B];
-  float off[R][B] = {};
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
   const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
   const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 2
   for (int64_t g = 0; g < hg; ++g) {
     const int64_t k = g * kGroup;
     __m256i xl[B], xh[B];
@@ -130,26 +146,26 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
       xl[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + k));
       xh[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + half + k));
     }
+    const uint8_t* ahead = codes + r0 * half + g * R * kGroup + kAhead;
+    for (int j = 0; j < R * kGroup; j += 64) __builtin_prefetch(ahead + j);
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = codes + (r0 + r) * half;
-      __builtin_prefetch(row + k + 512);
       const __m256i c = _mm256_loadu_si256((const __m256i*)(row + k));
       const __m256i lo = _mm256_and_si256(c, nibble);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble);
       const float* s = p.scale + (r0 + r) * groups;
-      const float* o = p.offset + (r0 + r) * groups;
       for (int b = 0; b < B; ++b) {
         const float* d = x.d.data() + (b0 + b) * groups;
-        const float* sums = x.sums.data() + (b0 + b) * groups;
         acc[r][b] = _mm256_fmadd_ps(dot_u8s8(lo, xl[b]), _mm256_set1_ps(s[g] * d[g]), acc[r][b]);
         acc[r][b] = _mm256_fmadd_ps(dot_u8s8(hi, xh[b]), _mm256_set1_ps(s[g + hg] * d[g + hg]),
                                     acc[r][b]);
-        off[r][b] += o[g] * sums[g] + o[g + hg] * sums[g + hg];
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + off[r][b];
+  for (int r = 0; r < R; ++r)  // the offsets meet x's block sums once per row, not per block
+    for (int b = 0; b < B; ++b)
+      p.y[(b0 + b) * p.rows + r0 + r] =
+          hsum(acc[r][b]) + dot_f32(p.offset + (r0 + r) * groups, x.sums.data() + (b0 + b) * groups, groups);
 }
 
 template <int R, int B>
