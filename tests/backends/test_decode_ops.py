@@ -212,10 +212,10 @@ def test_tiny_gpt_oss_decode_with_sinks_and_window_matches_transformers(spy, tmp
     assert spy.calls["decode_attention"] == (ids.shape[1] - 10) * layers
 
 
-def _tiny_q8_decode(folder, ids, hop=False, steps=4):
-    """Greedy decode of a q8_0 tiny model, `generated`/`fast`: tokens and last logits;
+def _tiny_q8_decode(folder, ids, hop=False, steps=4, mode="generated"):
+    """Greedy decode of a q8_0 tiny model, numerics="fast": tokens and last logits;
     `hop`: the generated module's `_Packed` None, so `linear_fast` takes F.linear."""
-    model = lt.load(str(folder), dtype="q8_0", mode="generated", numerics="fast")
+    model = lt.load(str(folder), dtype="q8_0", mode=mode, numerics="fast")
     if hop:
         type(model.runner.module).decode.__globals__["_Packed"] = None
     model.reset()
@@ -248,3 +248,15 @@ def test_packed_linears_called_straight(monkeypatch):
     want, want_logits = _tiny_q8_decode(folder, ids, hop=True)
     assert hops and len(hops) == len(straight)  # each linear through the hop
     assert got == want and torch.equal(logits, want_logits)
+
+
+def test_packed_decode_compiles():
+    """mode="compile" over q8_0 weights: dynamo traces `linear_fast` and
+    `kernels.int8x_linear_op` (its cache is skipped while tracing: tracing the cached
+    tuple failed); the tokens of `generated`, the logits within f32 reordering."""
+    folder = build_tiny("llama", "base")
+    ids = probe_ids(load_reference(folder).config.vocab_size)[:1]
+    want, want_logits = _tiny_q8_decode(folder, ids)
+    got, logits = _tiny_q8_decode(folder, ids, mode="compile")
+    assert got == want
+    assert float((logits - want_logits).abs().max()) <= 1e-4
