@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where a decode step goes: SmolLM2-135M-Instruct at q8_0, `generated`/`fast`, one
 thread, thread CPU time around each generated helper (norm, rope, attention, the packed
-linears, silu) and the rest, with decode_ops.cpp's ops ("ops") and without them
-("torch": kernels.step_ops answers None, the PyTorch helpers run).
+linears through `linear_fast`, silu) and the rest, with decode_ops.cpp's ops ("ops") and
+without them ("torch": kernels.step_ops answers None, the PyTorch helpers run).
 
     python bench/decode_step_split.py [--out bench/results/checks/decode_step_split.json]
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import machine  # noqa: E402
 from bench.run import RESULTS, checkpoint_for  # noqa: E402
 
-HELPERS = ("rms_norm_fast", "rope_fast", "attention_fast")
+HELPERS = ("rms_norm_fast", "rope_fast", "attention_fast", "linear_fast")
 
 
 def split(model, ids, acc, cnt) -> tuple[float, dict]:
@@ -64,15 +64,16 @@ def measure(model, ids, variant: str) -> dict:
     steps(2)
     plain = [steps(24) for _ in range(3)]
     scope = type(model.runner.module).decode.__globals__
-    saved = {n: scope[n] for n in HELPERS} | {"linear": F.linear, "silu": F.silu}
+    saved = {n: scope[n] for n in HELPERS} | {"silu": F.silu}
+    # the linears: `linear_fast` (packed ones call packed_linear straight, not F.linear)
     scope.update({n: timed(n, saved[n], acc, cnt) for n in HELPERS})
-    F.linear, F.silu = timed("linear", F.linear, acc, cnt), timed("silu", F.silu, acc, cnt)
+    F.silu = timed("silu", F.silu, acc, cnt)
     best = None
     for _ in range(3):
         total = steps(12)
         if best is None or total < best[0]:
             best = (total, {k: (v / 12 * 1e3, cnt[k] // 12) for k, v in acc.items()})
-    F.linear, F.silu = saved["linear"], saved["silu"]
+    F.silu = saved["silu"]
     scope.update({n: saved[n] for n in HELPERS})
     kernels.step_ops = real
     total, parts = best

@@ -210,3 +210,53 @@ def test_tiny_gpt_oss_decode_with_sinks_and_window_matches_transformers(spy, tmp
         assert (got - want[:, pos]).abs().max().item() <= 1e-4
     layers = model.hf_config["num_hidden_layers"]
     assert spy.calls["decode_attention"] == (ids.shape[1] - 10) * layers
+
+
+def _tiny_q8_decode(folder, ids, hop=False, steps=4, mode="generated"):
+    """Greedy decode of a q8_0 tiny model, numerics="fast": tokens and last logits;
+    `hop`: the generated module's `_Packed` None, so `linear_fast` takes F.linear."""
+    model = lt.load(str(folder), dtype="q8_0", mode=mode, numerics="fast")
+    if hop:
+        type(model.runner.module).decode.__globals__["_Packed"] = None
+    model.reset()
+    logits, got = model.decode(ids, 0), []
+    for _ in range(steps):
+        got.append(int(logits.argmax()))
+        logits = model.decode(torch.tensor([[got[-1]]]), model.position)
+    return got, logits
+
+
+def test_packed_linears_called_straight(monkeypatch):
+    """`linear_fast` calls a packed weight's linear itself: no `__torch_function__` hop
+    for any linear of the decode, and the logits equal those of the hop bit for bit (the
+    same `packed_linear` either way)."""
+    from linnet.backends.torch import quantized
+
+    folder = build_tiny("llama", "base")
+    ids = probe_ids(load_reference(folder).config.vocab_size)[:1]
+    hops, straight = [], []
+    real = quantized.packed_linear
+    monkeypatch.setattr(quantized, "packed_linear", lambda *a: straight.append(1) or real(*a))
+    for fn in {F.linear, torch._C._nn.linear}:  # one function, as torch is built now
+        handler = quantized.PackedWeight.handlers[fn]
+        monkeypatch.setitem(
+            quantized.PackedWeight.handlers, fn, lambda *a, _h=handler: hops.append(1) or _h(*a)
+        )
+    got, logits = _tiny_q8_decode(folder, ids)
+    assert straight and not hops  # every linear straight (the embedding's gather aside)
+    straight.clear()
+    want, want_logits = _tiny_q8_decode(folder, ids, hop=True)
+    assert hops and len(hops) == len(straight)  # each linear through the hop
+    assert got == want and torch.equal(logits, want_logits)
+
+
+def test_packed_decode_compiles():
+    """mode="compile" over q8_0 weights: dynamo traces `linear_fast` and
+    `kernels.int8x_linear_op` (its cache is skipped while tracing: tracing the cached
+    tuple failed); the tokens of `generated`, the logits within f32 reordering."""
+    folder = build_tiny("llama", "base")
+    ids = probe_ids(load_reference(folder).config.vocab_size)[:1]
+    want, want_logits = _tiny_q8_decode(folder, ids)
+    got, logits = _tiny_q8_decode(folder, ids, mode="compile")
+    assert got == want
+    assert float((logits - want_logits).abs().max()) <= 1e-4

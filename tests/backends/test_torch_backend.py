@@ -230,13 +230,18 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "class Gpt2(nn.Module)" in text and "def decode(self, tokens, at, kv=None)" in text
-    # no dependency on linnet: its one import is the optional C++ kernels, guarded (the
-    # module then keeps torch's linear; test_generated_source_runs_with_torch_only runs it)
+    # no dependency on linnet: its imports are the optional C++ kernels and packed linear,
+    # in one guarded block (the module then keeps torch's linear;
+    # test_generated_source_runs_with_torch_only runs it)
     imports = [
         ln.strip() for ln in text.splitlines() if "import linnet" in ln or "from linnet" in ln
     ]
-    assert imports == ["from linnet.backends.torch import kernels as _kernels"]
-    assert "except ImportError:" in text.split(imports[0], 1)[1].split("\n\n", 1)[0]
+    assert imports == [
+        "from linnet.backends.torch import kernels as _kernels",
+        "from linnet.backends.torch.quantized import PackedWeight as _Packed",
+        "from linnet.backends.torch.quantized import packed_linear as _packed_linear",
+    ]
+    assert "except ImportError:" in text.split(imports[-1], 1)[1].split("\n\n", 1)[0]
 
 
 @pytest.mark.slow

@@ -42,6 +42,26 @@ def attr_path(name: str) -> str:
     return "self" + "".join(parts)
 
 
+def _layer_lists(params) -> list[str]:
+    """The top-level ModuleLists the params sit in (`layers` of `layers.3.wq`), each bound
+    once as a tuple at a method's start: `self.layers[3]` is a ModuleList.__getitem__ in
+    Python (~2 us), read ~6 times a layer of a decode step."""
+    lists = []
+    for name in params:
+        parts = name.split(".")
+        if len(parts) > 2 and parts[1].isdigit() and parts[0].isidentifier():
+            lists += [] if parts[0] in lists else [parts[0]]
+    return lists
+
+
+def _param_path(name: str, lists) -> str:
+    """A param's text: `_layers[3].wq` where `layers` is bound as a tuple, else its path."""
+    head, _, rest = name.partition(".")
+    if head not in lists:
+        return attr_path(name)
+    return f"_{head}" + attr_path(rest)[len("self") :]
+
+
 def _tuple(items) -> str:
     items = [str(x) for x in items]
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
@@ -81,7 +101,9 @@ def method_head(graph: Graph, name: str) -> tuple[list[str], dict, set]:
         lines.append(f"        {sname} = self.{sname} if {sname} is None else {sname}")
     lines += _bind_inputs(graph)
     names: dict = {v: v.name for v in graph.inputs}
-    names.update({v: attr_path(p) for p, v in graph.params.items()})
+    lists = _layer_lists(graph.params)
+    lines += [f"        _{c} = tuple({attr_path(c)})" for c in lists]
+    names.update({v: _param_path(p, lists) for p, v in graph.params.items()})
     names.update({v: state_ident(s) for s, v in graph.states.items()})
     return lines, names, set(idents)
 

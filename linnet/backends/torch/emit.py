@@ -157,7 +157,8 @@ def _gelu(a, s, x):
 
 
 def _linear(a, s, x, w, b=None):
-    fn = "linear_lowp" if a.get("dtype") in ("bf16", "f16") else "F.linear"
+    fn = "linear_fast" if s.numerics == "fast" else "F.linear"
+    fn = "linear_lowp" if a.get("dtype") in ("bf16", "f16") else fn
     return f"{fn}({x}, {w}, {b})" if b is not None else f"{fn}({x}, {w})"
 
 

@@ -39,8 +39,10 @@ _LOWP_CHUNK = 1 << 21  # weight elements widened at a time: 8 MB of f32, cache-s
 _LOWP_GEMV_ROWS = 8  # at most this many rows: Linnet's bf16 GEMV where it runs
 try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch's linear
     from linnet.backends.torch import kernels as _kernels
+    from linnet.backends.torch.quantized import PackedWeight as _Packed
+    from linnet.backends.torch.quantized import packed_linear as _packed_linear
 except ImportError:
-    _kernels = None
+    _kernels = _Packed = _packed_linear = None
 
 
 def linear_lowp(x, w, b=None):
@@ -64,6 +66,15 @@ def linear_lowp(x, w, b=None):
             part += b[lo : lo + step]
         out[:, lo : lo + step] = part
     return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def linear_fast(x, w, b=None):
+    """F.linear; a packed weight's linear called straight (its `__torch_function__` hop,
+    handler lookup and subclass guard cost ~5 us a call: 121 calls a SmolLM2 step).
+    While torch.compile traces, F.linear: the subclass hop, as dynamo knows it."""
+    if not torch.compiler.is_compiling() and type(w) is _Packed and not w.transposed:
+        return _packed_linear(x, w, b)
+    return F.linear(x, w, b)
 
 
 # -- numerics="equivalent": the reference decompositions, op for op ----------------------

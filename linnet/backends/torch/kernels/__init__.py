@@ -84,7 +84,19 @@ def int8x_linear_op():
     """`packed_linear_int8x(x2, codes, scale, offset)`: x quantized per 32-block to int8 and
     integer dot products (numerics="fast" only), where the kernels load and were built with
     AVX512-VNNI or AVX2; else None (also when LINNET_INT8X is 0/off/false/no: the f32
-    kernel)."""
+    kernel). Called for each packed linear (~120 a decode step): the answer is kept until
+    LINNET_KERNELS or LINNET_INT8X changes (`load()`'s checks cost ~2 µs a call); not
+    while torch.compile traces (dynamo failed on the cached tuple holding the op)."""
+    if torch.compiler.is_compiling():
+        return _int8x_op()
+    raw = (os.environ.get(_KEY), os.environ.get("LINNET_INT8X"))
+    seen = _loaded.get("int8x_op")
+    if seen is None or seen[0] != raw:
+        seen = _loaded["int8x_op"] = (raw, _int8x_op())
+    return seen[1]
+
+
+def _int8x_op():
     ops = load()
     if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in _OFF:
         return None
