@@ -82,12 +82,27 @@ def free_port() -> int:
 def linnet_server(
     ckpt: str, *, rows: int, backend: str, mode: str, dtype: str, threads: int | None = None
 ) -> ServerSpec:
+    """`linnet serve` on the weights in `dtype`; bf16/f16 computed in f32 where the CPU has no
+    bf16/f16 dot product (what the server does for such a checkpoint by default: docs/serve.md,
+    "Session 12: AVX2 CPU"), and the row's name says so."""
+    compute = _linnet_compute(dtype) if backend == "torch" else dtype
     cmd = [sys.executable, "-m", "linnet", "serve", ckpt, "--rows", str(rows),
-           "--backend", backend, "--mode", mode, "--dtype", dtype,
+           "--backend", backend, "--mode", mode, "--dtype", compute,
            "--name", Path(ckpt).name]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]
-    return ServerSpec(f"linnet/{backend}/{mode}", cmd, model=Path(ckpt).name, env=OFFLINE)
+    label = f"linnet/{backend}/{mode}" + ("" if compute == dtype else f" ({dtype} in {compute})")
+    return ServerSpec(label, cmd, model=Path(ckpt).name, env=OFFLINE)
+
+
+def _linnet_compute(dtype: str) -> str:
+    if dtype not in ("bf16", "f16"):
+        return dtype
+    import torch
+
+    from linnet.backends.torch.prelude import _LOWP_NATIVE
+
+    return dtype if _LOWP_NATIVE[torch.bfloat16 if dtype == "bf16" else torch.float16] else "f32"
 
 
 def vllm_server(ckpt: str, *, dtype: str, max_len: int = 2048) -> ServerSpec:
