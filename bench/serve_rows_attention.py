@@ -43,12 +43,12 @@ def timed(namespace: dict, name: str, spent: list) -> None:
     namespace[name] = wrapper
 
 
-def variant(ckpt: str, numerics: str, op: bool, lengths: list[int]):
+def variant(ckpt: str, numerics: str, op: bool, lengths: list[int], dtype: str = "f32"):
     """A model's 32 rows at `lengths`; its attention helper timed into the returned list."""
     import linnet.torch
 
     model = linnet.torch.load(
-        ckpt, dtype="f32", mode="generated", numerics=numerics, max_positions=max(lengths) + 64
+        ckpt, dtype=dtype, mode="generated", numerics=numerics, max_positions=max(lengths) + 64
     )
     namespace = vars(sys.modules[type(model.runner.module).__module__])
     if not op:
@@ -73,6 +73,7 @@ def step_ms(rows, spent: list, repeats: int) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="an HF folder (default: SmolLM2-135M-Instruct f32)")
+    p.add_argument("--dtype", default="f32", help="bf16: q, k, v widened to f32 for the op")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
@@ -84,9 +85,9 @@ def main() -> None:
     lengths = np.random.default_rng(1).integers(128, 513, ROWS).tolist()
     ckpt = checkpoint(args)
     loaded = {
-        "fast, rows op": variant(ckpt, "fast", True, lengths),
-        "fast, masked SDPA": variant(ckpt, "fast", False, lengths),
-        "equivalent (attention_ref)": variant(ckpt, "equivalent", True, lengths),
+        "fast, rows op": variant(ckpt, "fast", True, lengths, args.dtype),
+        "fast, masked SDPA": variant(ckpt, "fast", False, lengths, args.dtype),
+        "equivalent (attention_ref)": variant(ckpt, "equivalent", True, lengths, args.dtype),
     }
     samples: dict = {name: {"step_ms": [], "attention_ms": []} for name in loaded}
     for _ in range(args.rounds + 1):  # the first round warms up and is dropped
@@ -99,11 +100,12 @@ def main() -> None:
         for name, s in samples.items()
     }
     report = {**provenance(), "machine": start_machine, "machine_end": machine(),
-              "torch_threads": 1, "row_lengths": lengths, "rounds": args.rounds,
-              "cpu_ms_median": results, "cpu_ms_samples": samples}  # fmt: skip
+              "dtype": args.dtype, "torch_threads": 1, "row_lengths": lengths,
+              "rounds": args.rounds, "cpu_ms_median": results,
+              "cpu_ms_samples": samples}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("| 32-row step, f32 | CPU ms per step | of which attention |")
+    print(f"| 32-row step, {args.dtype} | CPU ms per step | of which attention |")
     for name, row in results.items():
         print(f"| {name} | {row['step_ms']:.1f} | {row['attention_ms']:.1f} |")
 
