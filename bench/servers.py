@@ -80,14 +80,31 @@ def free_port() -> int:
 
 
 def linnet_server(
-    ckpt: str, *, rows: int, backend: str, mode: str, dtype: str, threads: int | None = None
-) -> ServerSpec:
+    ckpt: str, *, rows: int, backend: str, mode: str, dtype: str, threads: int | None = None,
+    max_len: int = 2048,
+) -> ServerSpec:  # fmt: skip
+    """`linnet serve` on the weights in `dtype`; bf16/f16 computed in f32 where the CPU has no
+    bf16/f16 dot product (what the server does for such a checkpoint by default: docs/serve.md,
+    "Session 12: AVX2 CPU"), and the row's name says so. Rows of `max_len` positions, vLLM's
+    `--max-model-len` (the default 4096 made 32 f32 rows a 6 GB cache)."""
+    compute = _linnet_compute(dtype) if backend == "torch" else dtype
     cmd = [sys.executable, "-m", "linnet", "serve", ckpt, "--rows", str(rows),
-           "--backend", backend, "--mode", mode, "--dtype", dtype,
-           "--name", Path(ckpt).name]  # fmt: skip
+           "--backend", backend, "--mode", mode, "--dtype", compute,
+           "--positions", str(max_len), "--name", Path(ckpt).name]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]
-    return ServerSpec(f"linnet/{backend}/{mode}", cmd, model=Path(ckpt).name, env=OFFLINE)
+    label = f"linnet/{backend}/{mode}" + ("" if compute == dtype else f" ({dtype} in {compute})")
+    return ServerSpec(label, cmd, model=Path(ckpt).name, env=OFFLINE)
+
+
+def _linnet_compute(dtype: str) -> str:
+    if dtype not in ("bf16", "f16"):
+        return dtype
+    import torch
+
+    from linnet.backends.torch.prelude import _LOWP_NATIVE
+
+    return dtype if _LOWP_NATIVE[torch.bfloat16 if dtype == "bf16" else torch.float16] else "f32"
 
 
 def vllm_server(ckpt: str, *, dtype: str, max_len: int = 2048) -> ServerSpec:

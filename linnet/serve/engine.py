@@ -74,7 +74,7 @@ def open_engine(
     torch's intra-op threads for this process (None leaves torch's default);
     `tensor_parallel`: this torchrun rank's share (linnet/shard/tp_rows.py mirrors the rows)."""
     from linnet.commands.run import eos_ids
-    from linnet.commands.session import load_model
+    from linnet.commands.session import DEFAULT_MODE, load_model
     from linnet.parity import load_tokenizer
     from linnet.targets import locate
     from linnet.weights.checkpoint import open_checkpoint
@@ -84,19 +84,59 @@ def open_engine(
 
         torch.set_num_threads(threads)
     found = locate(target, checkpoint=checkpoint, revision=revision)
-    open_checkpoint(found.checkpoint)  # Linnet's checks before transformers reads anything
+    opened = open_checkpoint(found.checkpoint)  # Linnet's checks before transformers reads
     tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
     # native rows keep one cache slot back (idle rows write there): a row of `positions`
     # tokens needs a cache of positions + 1
     cache = None if positions is None else positions + 1
-    model, _ = load_model(
-        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
-        tensor_parallel=tensor_parallel,
-    )  # fmt: skip
+    dtype = serving_dtype(dtype, backend, opened.config["act"], found.gguf is not None)
+    if _fast_rows(backend, mode, found.gguf is not None, tensor_parallel):
+        import linnet.torch
+
+        model = linnet.torch.load(
+            found.checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=cache,
+            numerics="fast",
+        )  # fmt: skip
+    else:
+        model, _ = load_model(
+            found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
+            tensor_parallel=tensor_parallel,
+        )  # fmt: skip
     return Engine(
         rows=row_decoder(model, rows, positions),
         tokenizer=tokenizer,
         eos=frozenset(eos_ids(found.folder, tokenizer)),
         name=name or target,
         vocab=int(model.config["vocab"]),
+    )
+
+
+def serving_dtype(dtype: str | None, backend: str, stored: str, gguf: bool) -> str | None:
+    """What the rows compute in: `dtype` when asked; else the checkpoint's, but f32 for a
+    bf16/f16 HF checkpoint on PyTorch where the CPU has no bf16/f16 dot product (AVX2
+    without AVX512-BF16/AMX): there every bf16 matmul widens its tiles to f32 on each use,
+    and the f32 step and prefill took less CPU than bf16's (docs/serve.md, "Session 12:
+    AVX2 CPU"). A GGUF's packed weights stay packed."""
+    if dtype is not None or backend != "torch" or gguf or stored not in ("bf16", "f16"):
+        return dtype
+    import torch
+
+    from linnet.backends.torch.prelude import _LOWP_NATIVE
+
+    native = _LOWP_NATIVE[torch.bfloat16 if stored == "bf16" else torch.float16]
+    return None if native else "f32"
+
+
+def _fast_rows(backend: str, mode: str | None, gguf: bool, tensor_parallel) -> bool:
+    """Whether the rows run numerics "fast" (decode_ops.cpp's per-row attention, norms and
+    rope; SDPA for a prefill chunk): PyTorch's generated code (compiled or not) of an HF
+    checkpoint in one process. It took 41% less CPU a 32-row step and 11% less a prompt
+    token than "equivalent" here, with transformers' greedy tokens (docs/serve.md,
+    "Session 12: AVX2 CPU"). GGUF's packed weights would take int8 activations there."""
+    from linnet.commands.session import DEFAULT_MODE
+
+    return (
+        backend == "torch"
+        and (mode or DEFAULT_MODE) in ("generated", "compile")
+        and not (gguf or tensor_parallel)
     )

@@ -226,3 +226,38 @@ def test_a_round_prefills_one_chunk_in_all_so_decoding_rows_keep_stepping():
         assert not decoding or this_round[-1][0] == "step"
     assert [j.generated for j in (first, *late)] == [20] * 4
     assert sum(n for kind, n in rows.calls if kind == "prefill") == 5 + 3 * 40
+
+
+def test_serving_dtype_computes_bf16_checkpoints_in_f32_where_the_cpu_has_no_bf16_dot(
+    monkeypatch,
+):
+    """docs/serve.md "Session 12": a bf16/f16 HF checkpoint on PyTorch computes in f32 where
+    the CPU multiplies bf16 by widening it (faster there); asked dtypes, GGUF files, other
+    backends, f32 checkpoints and CPUs with bf16 dot products keep theirs."""
+    import torch
+
+    from linnet.backends.torch import prelude
+    from linnet.serve.engine import serving_dtype
+
+    monkeypatch.setitem(prelude._LOWP_NATIVE, torch.bfloat16, False)
+    monkeypatch.setitem(prelude._LOWP_NATIVE, torch.float16, False)
+    assert serving_dtype(None, "torch", "bf16", gguf=False) == "f32"
+    assert serving_dtype(None, "torch", "f16", gguf=False) == "f32"
+    assert serving_dtype("bf16", "torch", "bf16", gguf=False) == "bf16"
+    assert serving_dtype(None, "torch", "bf16", gguf=True) is None
+    assert serving_dtype(None, "jax", "bf16", gguf=False) is None
+    assert serving_dtype(None, "torch", "f32", gguf=False) is None
+    monkeypatch.setitem(prelude._LOWP_NATIVE, torch.bfloat16, True)
+    assert serving_dtype(None, "torch", "bf16", gguf=False) is None
+
+
+def test_generated_rows_run_numerics_fast_and_interpret_keeps_equivalent(tiny_served):
+    """The server's PyTorch generated code runs "fast" (decode_ops.cpp's per-row attention:
+    tests/backends/test_row_attention.py); the interpreter has only "equivalent"."""
+    from linnet.serve.engine import open_engine
+
+    fast = open_engine(str(tiny_served), rows=2, mode="generated")
+    assert fast.rows.model.numerics == "fast"
+    assert open_engine(str(tiny_served), rows=2, mode="interpret").rows.model.numerics == (
+        "equivalent"
+    )

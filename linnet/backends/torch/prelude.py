@@ -356,8 +356,26 @@ def _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     return ops.decode_attention(q, k, v, scale, start, sinks)
 
 
+def _rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
+    """A step over cache rows in one C++ call: one f32 query per row at its own position
+    (q_offset [B, 1]), each row attending its own keys only (none of the longer rows'
+    reach the causal mask would hide); None where that is not the case."""
+    if key_mask is not None or not causal or not isinstance(q_offset, torch.Tensor):
+        return None
+    if q.shape[2] != 1 or q_offset.numel() != q.shape[0] or v.dtype != torch.float32:
+        return None
+    ops = _step_ops(q, k)
+    if ops is None:
+        return None
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
+    sinks = None if sinks is None else sinks.float().contiguous()
+    return ops.decode_attention_rows(q, k, v, scale, q_offset.reshape(-1), window or 0, sinks)
+
+
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
     out = _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
+    if out is None:
+        out = _rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     if out is not None:
         return out
     if sinks is not None:  # no fused kernel takes sinks

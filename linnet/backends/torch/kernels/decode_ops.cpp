@@ -160,27 +160,48 @@ float exp_sum(float* scores, int64_t lo, int64_t hi, float top) {
   return total;
 }
 
-// One (batch, head): softmax(q k^T * scale) over keys start..T-1 (and the head's sink in
+// One (batch, head): softmax(q k^T * scale) over keys start..end-1 (and the head's sink in
 // the denominator), times v; f32 throughout.
-void attend(const Attn& a, int64_t b, int64_t h, float* scores) {
+void attend(const Attn& a, int64_t b, int64_t h, float* scores, int64_t start, int64_t end) {
   const int64_t g = h / a.G;
   const float* q = a.q + b * a.qb + h * a.qh;
   const float* k = a.k + b * a.kb + g * a.kh;
   const float* v = a.v + b * a.vb + g * a.vh;
   float top = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
-  for (int64_t t = a.start; t < a.T; ++t) {
+  for (int64_t t = start; t < end; ++t) {
     scores[t] = dot(q, k + t * a.kt, a.D) * a.scale;
     top = std::max(top, scores[t]);
   }
   const float total =
-      exp_sum(scores, a.start, a.T, top) + (a.sinks ? std::exp(a.sinks[h] - top) : 0.f);
+      exp_sum(scores, start, end, top) + (a.sinks ? std::exp(a.sinks[h] - top) : 0.f);
   float* o = a.out + (b * a.H + h) * a.D;
   std::fill(o, o + a.D, 0.f);
-  for (int64_t t = a.start; t < a.T; ++t) {
+  for (int64_t t = start; t < end; ++t) {
     const float p = scores[t] / total;
     const float* vr = v + t * a.vt;
     for (int64_t d = 0; d < a.D; ++d) o[d] += p * vr[d];
   }
+}
+
+// q, k, v checked (f32, [B, heads, T, D], one query, GQA) and read where they lie when
+// each row's D elements are contiguous (a slice of the cache); out [B, H, 1, D].
+Attn attn_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const c10::optional<at::Tensor>& sinks, const at::Tensor& out, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1);
+  TORCH_CHECK(q.size(2) == 1 && KV > 0 && H % KV == 0 && k.size(0) == B && k.size(3) == D &&
+                  v.sizes() == k.sizes(), "shapes: one query, GQA");
+  if (sinks.has_value())
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                    sinks->numel() == H, "sinks: f32 (H)");
+  return Attn{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+              sinks.has_value() ? sinks->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+              H, H / KV, k.size(2), D, 0, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+              k.stride(2), v.stride(0), v.stride(1), v.stride(2), static_cast<float>(scale)};
+}
+
+at::Tensor rows_d1(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 4 && t.scalar_type() == at::kFloat, "q, k, v: f32 (B, heads, T, D)");
+  return t.stride(3) == 1 ? t : t.contiguous();
 }
 
 // q [B, H, 1, D] over k, v [B, KV, T, D] (the cache's rows 0..T-1, D's stride 1): every
@@ -188,30 +209,56 @@ void attend(const Attn& a, int64_t b, int64_t h, float* scores) {
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in, double scale, int64_t start,
                             const c10::optional<at::Tensor>& sinks) {
-  for (const at::Tensor* t : {&q_in, &k_in, &v_in})
-    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat, "q, k, v: f32 (B, heads, T, D)");
-  // rows read where they lie (a slice of the cache) when each one's D elements are
-  const at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
-  const at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
-  const at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), T = k.size(2);
-  TORCH_CHECK(q.size(2) == 1 && KV > 0 && H % KV == 0 && k.size(0) == B && k.size(3) == D &&
-                  v.sizes() == k.sizes(), "shapes: one query, GQA");
+  const at::Tensor q = rows_d1(q_in), k = rows_d1(k_in), v = rows_d1(v_in);
+  const int64_t B = q.size(0), H = q.size(1), T = k.size(2);
   TORCH_CHECK(start >= 0 && start < T, "start: 0..T-1");
-  if (sinks.has_value())
-    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
-                    sinks->numel() == H, "sinks: f32 (H)");
-  at::Tensor out = at::empty({B, H, 1, D}, q.options());
-  const Attn a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-               sinks.has_value() ? sinks->data_ptr<float>() : nullptr, out.data_ptr<float>(),
-               H, H / KV, T, D, start, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-               k.stride(2), v.stride(0), v.stride(1), v.stride(2), static_cast<float>(scale)};
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(T * D, 1));
+  at::Tensor out = at::empty({B, H, 1, q.size(3)}, q.options());
+  Attn a = attn_args(q, k, v, sinks, out, scale);
+  a.start = start;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(T * a.D, 1));
   at::parallel_for(0, B * H, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> scores(T);
-    for (int64_t i = lo; i < hi; ++i) attend(a, i / H, i % H, scores.data());
+    for (int64_t i = lo; i < hi; ++i) attend(a, i / H, i % H, scores.data(), start, T);
   });
   return out;
+}
+
+// Rows at their own positions (a server's step over cache rows): row b's one query sits at
+// positions[b] and attends keys positions[b] - window + 1 .. positions[b] (from 0 without
+// a window), nothing past its own length: the causal mask per row, with no work spent on
+// the keys of longer rows. k, v [B, KV, T, D] with every positions[b] < T.
+at::Tensor decode_attention_rows(const at::Tensor& q_in, const at::Tensor& k_in,
+                                 const at::Tensor& v_in, double scale,
+                                 const at::Tensor& positions_in, int64_t window,
+                                 const c10::optional<at::Tensor>& sinks) {
+  const at::Tensor q = rows_d1(q_in), k = rows_d1(k_in), v = rows_d1(v_in);
+  const at::Tensor positions = positions_in.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), T = k.size(2);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == B,
+              "positions: i64 (B)");
+  TORCH_CHECK(window >= 0, "window: 0 (none) or more");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(pos[b] >= 0 && pos[b] < T, "positions: 0..T-1, got ", pos[b]);
+  at::Tensor out = at::empty({B, H, 1, q.size(3)}, q.options());
+  const Attn a = attn_args(q, k, v, sinks, out, scale);
+  at::parallel_for(0, B * H, std::max<int64_t>(1, 32768 / std::max<int64_t>(T * a.D, 1)),
+                   [&](int64_t lo, int64_t hi) {
+    std::vector<float> scores(T);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t end = pos[i / H] + 1;
+      const int64_t start = window && end > window ? end - window : 0;
+      attend(a, i / H, i % H, scores.data(), start, end);
+    }
+  });
+  return out;
+}
+
+// Shapes for torch.compile's tracing (fake tensors fall back to Meta kernels).
+at::Tensor decode_attention_rows_meta(const at::Tensor& q, const at::Tensor&,
+                                      const at::Tensor&, double, const at::Tensor&, int64_t,
+                                      const c10::optional<at::Tensor>&) {
+  return at::empty(q.sizes(), q.options());
 }
 
 }  // namespace
@@ -221,10 +268,17 @@ TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int offset) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale, int start, Tensor? sinks)"
         " -> Tensor");
+  m.def("decode_attention_rows(Tensor q, Tensor k, Tensor v, float scale, Tensor positions,"
+        " int window, Tensor? sinks) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("rope", rope);
   m.impl("decode_attention", decode_attention);
+  m.impl("decode_attention_rows", decode_attention_rows);
+}
+
+TORCH_LIBRARY_IMPL(linnet_kernels, Meta, m) {
+  m.impl("decode_attention_rows", decode_attention_rows_meta);
 }
