@@ -12,6 +12,7 @@ alternating, 64-dim heads with 8 query heads per kv head; 8 layers of width 512 
 experts stored as MXFP4 pairs (Linnet's quantizer) as openai ships them, cached under
 $LINNET_CACHE. bench/run.py then measures, each method in its own process:
 `linnet/generated/equivalent` (the HF folder, experts kept MXFP4, the rest f32),
+`linnet/generated/fast` (the same with the fused norm, rope and sink-attention step ops),
 `transformers/eager` (the same folder) and `llama.cpp` (Linnet's f32 GGUF export of that
 folder, whose experts are GGUF MXFP4 written from the stored blocks), and then
 `linnet/generated/equivalent/gguf`: Linnet on that very GGUF file (its MXFP4 experts kept
@@ -53,7 +54,7 @@ SHAPE = dict(
     ),
 )
 MODEL = "gpt-oss-20b-shaped-scaled"  # the site files it under gpt-oss-20b
-METHODS = "linnet/generated/equivalent,transformers/eager,llama.cpp"
+METHODS = "linnet/generated/equivalent,linnet/generated/fast,transformers/eager,llama.cpp"
 GGUF_ROW = "linnet/generated/equivalent/gguf"  # Linnet on llama.cpp's file
 
 

@@ -7,14 +7,16 @@ distorts less than wall-clock tok/s (descheduled time is not counted).
 
 One process, one thread (torch.set_num_threads(1), llama.cpp n_threads=1: ggml computes on
 the calling thread): a 128-token prompt, then 32 single-token steps timed with
-`time.thread_time`, the median step of 3 rounds, for Linnet on the HF folder, Linnet on
-llama.cpp's GGUF (MXFP4 experts packed), llama.cpp on that GGUF and transformers eager
-(generate(33) minus generate(1), over 32). No test asserts a time.
+`time.thread_time`, the median step of 3 rounds, for Linnet on the HF folder and on
+llama.cpp's GGUF (MXFP4 experts packed), each with numerics "equivalent" and "fast" (the
+fused norm, rope and attention-with-sinks C++ ops), llama.cpp on that GGUF and transformers
+eager (generate(33) minus generate(1), over 32). No test asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -34,10 +36,10 @@ def _prompt(vocab: int):
     return torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0))
 
 
-def linnet_ms(path: str) -> float:
+def linnet_ms(path: str, numerics: str = "equivalent") -> float:
     import linnet.torch as lt
 
-    model = lt.load(path, dtype="f32", mode="generated", max_positions=1024)
+    model = lt.load(path, dtype="f32", mode="generated", max_positions=1024, numerics=numerics)
     ids = _prompt(model.config["vocab"])
     import torch
 
@@ -114,9 +116,12 @@ def main(argv=None) -> int:
     folder = build_checkpoint()
     gguf = run.RESULTS / "gguf" / folder.name / "model-f32.gguf"
     rows = {}
+    fast = functools.partial(linnet_ms, numerics="fast")
     for name, fn, path in [
         ("linnet/generated/equivalent", linnet_ms, folder),
         ("linnet/generated/equivalent/gguf", linnet_ms, gguf),
+        ("linnet/generated/fast", fast, folder),
+        ("linnet/generated/fast/gguf", fast, gguf),
         ("llama.cpp", llama_ms, gguf),
         ("transformers/eager", transformers_ms, folder),
     ]:
