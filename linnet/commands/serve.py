@@ -38,7 +38,12 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION
     default=None,
     help="torch's intra-op threads (torch.set_num_threads) [default: torch's, one per core]",
 )
-@click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
+@click.option(
+    "--dtype",
+    default=None,
+    help="f32, bf16 or f16 (default: the checkpoint's; f32 for a bf16/f16 checkpoint "
+    "on PyTorch where the CPU has no bf16/f16 dot product)",
+)
 @BACKEND_OPTION
 @MODE_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True)

@@ -74,7 +74,7 @@ def open_engine(
     torch's intra-op threads for this process (None leaves torch's default);
     `tensor_parallel`: this torchrun rank's share (linnet/shard/tp_rows.py mirrors the rows)."""
     from linnet.commands.run import eos_ids
-    from linnet.commands.session import DEFAULT_MODE, load_model
+    from linnet.commands.session import load_model
     from linnet.parity import load_tokenizer
     from linnet.targets import locate
     from linnet.weights.checkpoint import open_checkpoint
@@ -90,18 +90,11 @@ def open_engine(
     # tokens needs a cache of positions + 1
     cache = None if positions is None else positions + 1
     dtype = serving_dtype(dtype, backend, opened.config["act"], found.gguf is not None)
-    if _fast_rows(backend, mode, found.gguf is not None, tensor_parallel):
-        import linnet.torch
-
-        model = linnet.torch.load(
-            found.checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=cache,
-            numerics="fast",
-        )  # fmt: skip
-    else:
-        model, _ = load_model(
-            found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
-            tensor_parallel=tensor_parallel,
-        )  # fmt: skip
+    fast = _fast_rows(backend, mode, found.gguf is not None, tensor_parallel)
+    model, _ = load_model(
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
+        tensor_parallel=tensor_parallel, numerics="fast" if fast else "equivalent",
+    )  # fmt: skip
     return Engine(
         rows=row_decoder(model, rows, positions),
         tokenizer=tokenizer,

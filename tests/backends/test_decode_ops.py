@@ -5,8 +5,9 @@ reference decompositions of prelude.py, on odd sizes:
 - `rope` equal to `rope_ref` bit for bit (the same products, rounded, then summed);
 - `decode_attention` within 2e-6 of `attention_ref` (GQA, a window, sinks; a polynomial
   e^x: within 2 ulp in f32);
-- the fast helpers call them for f32 CPU decode, and keep the PyTorch path for bf16, for
-  per-row positions and with LINNET_KERNELS=0; a tiny Llama's greedy decode in
+- the fast helpers call them for f32 CPU decode, and keep the PyTorch path for bf16, for a
+  rope at per-row positions, a padding mask and with LINNET_KERNELS=0 (attention at per-row
+  positions takes `decode_attention_rows`: test_row_attention.py); a tiny Llama's greedy decode in
   `generated`/`fast` runs them and gives transformers' tokens.
 """
 

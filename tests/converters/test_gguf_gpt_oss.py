@@ -74,7 +74,7 @@ def _llama(path):
         n_ctx=64,
         logits_all=True,
         verbose=False,
-        n_threads=2,
+        n_threads=torch.get_num_threads(),  # one per pytest worker under scripts/test.sh
         type_k=0,  # f32 KV cache
         type_v=0,
     )

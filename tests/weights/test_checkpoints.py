@@ -428,7 +428,11 @@ def test_smollm2_first_token_agrees_with_llama_cpp(smollm2_checkpoint, chat_prom
     from tests.checkpoints import smollm2_gguf_path
 
     llm = llama_cpp.Llama(
-        model_path=str(smollm2_gguf_path()), n_ctx=256, logits_all=True, verbose=False
+        model_path=str(smollm2_gguf_path()),
+        n_ctx=256,
+        logits_all=True,
+        verbose=False,
+        n_threads=torch.get_num_threads(),  # ggml's threads busy-wait against the other worker
     )
     for ids in chat_prompts:
         llm.reset()

@@ -6,7 +6,8 @@
                                 # AVX512-VNNI or AVX2 (packed_int8_avx2.cpp), or None
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
     step_ops()                  # load(), for the per-call helpers of a decode step
-                                # (decode_ops.cpp: rms_norm, rope, decode_attention)
+                                # (decode_ops.cpp: rms_norm, rope, decode_attention,
+                                # decode_attention_rows: one position per cache row)
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
 with the C++ compiler against torch's headers into `$LINNET_CACHE/kernels/KEY` (default
