@@ -172,10 +172,15 @@ def init_lora(program: Program, targets: list[str], seed: int = 0) -> dict[str, 
     return out
 
 
-# the A weight as the whole entry reads it (`self.layers[0].wq_lora_a`) or as an outlined
-# layer method's argument (`p_wq_lora_a`, `linnet.backends.torch.outlined`)
+# the A weight as the whole entry reads it (`self.wq_lora_a`, or `_layers[0].wq_lora_a`
+# where a method binds its ModuleList as a tuple) or as an outlined layer method's
+# argument (`p_wq_lora_a`, `linnet.backends.torch.outlined`)
 _BRANCH_INPUT = re.compile(
-    r"(F\.linear|linear_lowp)\((\w+), (self\.[\w\[\]\.]+" + A_SUFFIX + r"|p_\w+" + A_SUFFIX + r")\)"
+    r"(F\.linear|linear_lowp)\((\w+), ((?:self|_\w+)[\.\[][\w\[\]\.]+"
+    + A_SUFFIX
+    + r"|p_\w+"
+    + A_SUFFIX
+    + r")\)"
 )
 
 
@@ -184,4 +189,7 @@ def lora_dropout_source(text: str, p: float) -> str:
     `lora_dropout`), active in `module.train()` only."""
     if p == 0.0:
         return text
-    return _BRANCH_INPUT.sub(rf"\1(F.dropout(\2, {p!r}, self.training), \3)", text)
+    text, count = _BRANCH_INPUT.subn(rf"\1(F.dropout(\2, {p!r}, self.training), \3)", text)
+    if count == 0 and A_SUFFIX in text:  # the generated code's shape changed under the regex
+        raise LinnetError("LoRA dropout found no branch input in the generated code")
+    return text
