@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     folder = build_checkpoint()
     gguf = run.RESULTS / "gguf" / folder.name / "model-f32.gguf"
+    run.export_ggufs(str(folder), ["f32"], gguf.parent)  # Linnet's export, as bench/run.py's
+    if not gguf.exists():
+        raise SystemExit(f"gpt_oss_cpu: no GGUF at {gguf}")
     rows = {}
     fast = functools.partial(linnet_ms, numerics="fast")
     for name, fn, path in [
