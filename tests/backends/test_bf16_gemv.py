@@ -1,7 +1,7 @@
 """Linnet's bf16 GEMV (linnet/backends/torch/kernels/bf16_gemv.cpp; docs/torch.md
-"Quantized weights"): used for bf16 linears of at most a few rows where the CPU has
-AVX512-BF16, refused elsewhere; against exact (f64) sums within f32 summation error and
-one bf16 rounding."""
+"Quantized weights"): used for bf16 linears of at most a few rows where the kernels run
+(AVX512-BF16's dot products, or AVX2's widening FMAs), refused elsewhere; against exact
+(f64) sums within f32 summation error and one bf16 rounding."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from linnet.backends.torch import kernels, prelude
 
 
 def _native() -> bool:
-    return kernels.cpu_supported() and torch.cpu._is_avx512_bf16_supported()
+    """x86 with AVX2 and FMA at least (an AVX-512 CPU without BF16 takes the AVX2 path)."""
+    return kernels.cpu_supported()
 
 
 def _bound(x, w, b, exact):
@@ -24,16 +25,19 @@ def _bound(x, w, b, exact):
     return f32 + 2.0**-8 * (exact.abs() + f32)
 
 
-def test_op_offered_exactly_where_the_cpu_has_avx512_bf16():
+def test_op_offered_exactly_where_the_kernels_run():
     w, x = torch.randn(8, 64).bfloat16(), torch.randn(1, 64).bfloat16()
     assert (kernels.bf16_linear_op(x, w) is not None) == _native()
     assert kernels.bf16_linear_op(x.float(), w.float()) is None
     assert kernels.bf16_linear_op(x, torch.randn(64, 8).bfloat16().t()) is None  # strided
 
 
-@pytest.mark.parametrize("rows,cols,batch", [(97, 576, 1), (5, 64, 3), (1536, 96, 2)])
+@pytest.mark.parametrize(
+    "rows,cols,batch", [(97, 576, 1), (5, 64, 3), (1536, 96, 2), (13, 128, 8), (7, 64, 5)]
+)
 def test_linear_lowp_matches_exact_sums(rows, cols, batch, monkeypatch):
-    """97 rows: tiles of 4 and a ragged end; 96 columns: three 32-blocks."""
+    """97 rows: tiles of 4 and a ragged end; 96 columns: three 32-blocks; batches of 1 to
+    8 (AVX2 takes x rows two at a time: odd batches end on one)."""
     calls = []
     offered = kernels.bf16_linear_op
     monkeypatch.setattr(kernels, "bf16_linear_op", lambda *a: calls.append(1) or offered(*a))

@@ -51,8 +51,10 @@ def linear_lowp(x, w, b=None):
     over many rows, widening each block of output features once and running f32 GEMM
     gives the same products (exact in f32) and f32 sums, rounded once to x's dtype."""
     rows = x.numel() // x.shape[-1]
-    if _kernels and rows <= _LOWP_GEMV_ROWS and not torch.compiler.is_compiling():
-        gemv = _kernels.bf16_linear_op(x, w)  # one pass over w where AVX512-BF16 runs it
+    # without a bf16 dot product the GEMV kernel takes every batch below the widened GEMM's
+    gemv_rows = _LOWP_GEMV_ROWS if _LOWP_NATIVE.get(x.dtype, True) else _LOWP_MIN_ROWS - 1
+    if _kernels and rows <= gemv_rows and not torch.compiler.is_compiling():
+        gemv = _kernels.bf16_linear_op(x, w)  # one pass over the bf16 w (AVX512-BF16 or AVX2)
         if gemv is not None:
             return gemv(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
     if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:

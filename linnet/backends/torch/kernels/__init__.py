@@ -4,7 +4,8 @@
     ops.packed_linear(x, codes, scale, offset)   # packed_gemv.cpp
     int8x_linear_op()           # packed_vnni.cpp's op (x rounded to int8) where this CPU has
                                 # AVX512-VNNI or AVX2 (packed_int8_avx2.cpp), or None
-    bf16_linear_op(x, w)        # bf16_gemv.cpp's op where this CPU has AVX512-BF16, or None
+    bf16_linear_op(x, w)        # bf16_gemv.cpp's op (AVX512-BF16's dot products, or AVX2's
+                                # widening FMAs), or None
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
                                 # decode_attention_rows: one position per cache row)
@@ -68,17 +69,23 @@ def load():
 
 def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     """`bf16_linear(x2, w, b)` for a CPU bf16 x and a contiguous bf16 weight whose rows are
-    whole 32-element blocks, where the kernels load and were built with AVX512-BF16."""
+    whole 32-element blocks, where the kernels load (built with AVX512-BF16 or AVX2+FMA)."""
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.device.type != "cpu":
         return None
     if not w.is_contiguous() or w.dim() != 2 or w.shape[1] % 32:
         return None
+    return load().bf16_linear if bf16_gemv_available() else None
+
+
+def bf16_gemv_available() -> bool:
+    """Whether bf16_gemv.cpp's op runs here (the kernels load, built with AVX512-BF16 or
+    AVX2+FMA)."""
     ops = load()
     if ops is None:
-        return None
+        return False
     if "bf16" not in _loaded:
         _loaded["bf16"] = bool(ops.bf16_gemv_native())
-    return ops.bf16_linear if _loaded["bf16"] else None
+    return _loaded["bf16"]
 
 
 def int8x_linear_op():
