@@ -83,9 +83,9 @@ def linnet_server(
     ckpt: str, *, rows: int, backend: str, mode: str, dtype: str, threads: int | None = None,
     max_len: int = 2048,
 ) -> ServerSpec:  # fmt: skip
-    """`linnet serve` on the weights in `dtype`; bf16/f16 computed in f32 where the CPU has no
-    bf16/f16 dot product (what the server does for such a checkpoint by default: docs/serve.md,
-    "Session 12: AVX2 CPU"), and the row's name says so. Rows of `max_len` positions, vLLM's
+    """`linnet serve` on the weights in `dtype`, computed in what the server picks for such a
+    checkpoint (`serving_dtype`: f32 where this CPU has neither a bf16/f16 dot product nor
+    Linnet's GEMV for it), and the row's name says so. Rows of `max_len` positions, vLLM's
     `--max-model-len` (the default 4096 made 32 f32 rows a 6 GB cache)."""
     compute = _linnet_compute(dtype) if backend == "torch" else dtype
     cmd = [sys.executable, "-m", "linnet", "serve", ckpt, "--rows", str(rows),
@@ -98,13 +98,10 @@ def linnet_server(
 
 
 def _linnet_compute(dtype: str) -> str:
-    if dtype not in ("bf16", "f16"):
-        return dtype
-    import torch
+    """What `linnet serve` computes a checkpoint of `dtype` in here (its own rule)."""
+    from linnet.serve.engine import serving_dtype
 
-    from linnet.backends.torch.prelude import _LOWP_NATIVE
-
-    return dtype if _LOWP_NATIVE[torch.bfloat16 if dtype == "bf16" else torch.float16] else "f32"
+    return serving_dtype(None, "torch", dtype, gguf=False) or dtype
 
 
 def vllm_server(ckpt: str, *, dtype: str, max_len: int = 2048) -> ServerSpec:

@@ -106,18 +106,22 @@ def open_engine(
 
 def serving_dtype(dtype: str | None, backend: str, stored: str, gguf: bool) -> str | None:
     """What the rows compute in: `dtype` when asked; else the checkpoint's, but f32 for a
-    bf16/f16 HF checkpoint on PyTorch where the CPU has no bf16/f16 dot product (AVX2
-    without AVX512-BF16/AMX): there every bf16 matmul widens its tiles to f32 on each use,
-    and the f32 step and prefill took less CPU than bf16's (docs/serve.md, "Session 12:
-    AVX2 CPU"). A GGUF's packed weights stay packed."""
+    bf16/f16 HF checkpoint on PyTorch where the CPU has no bf16/f16 dot product and no
+    Linnet GEMV for it (f16 always; bf16 where the kernels cannot load): there every
+    low-precision matmul widens its tiles to f32 on each use, and the f32 step and prefill
+    took less CPU (docs/serve.md, "Session 12: AVX2 CPU"). With the bf16 GEMV (AVX2's
+    widening FMAs read half the bytes) a bf16 row step of 1 to 8 rows is faster than f32's
+    (docs/serve.md, "Session 13"). A GGUF's packed weights stay packed."""
     if dtype is not None or backend != "torch" or gguf or stored not in ("bf16", "f16"):
         return dtype
     import torch
 
+    from linnet.backends.torch import kernels
     from linnet.backends.torch.prelude import _LOWP_NATIVE
 
-    native = _LOWP_NATIVE[torch.bfloat16 if stored == "bf16" else torch.float16]
-    return None if native else "f32"
+    if _LOWP_NATIVE[torch.bfloat16 if stored == "bf16" else torch.float16]:
+        return None
+    return None if stored == "bf16" and kernels.bf16_gemv_available() else "f32"
 
 
 def _fast_rows(backend: str, mode: str | None, gguf: bool, tensor_parallel) -> bool:

@@ -231,23 +231,29 @@ def test_a_round_prefills_one_chunk_in_all_so_decoding_rows_keep_stepping():
 def test_serving_dtype_computes_bf16_checkpoints_in_f32_where_the_cpu_has_no_bf16_dot(
     monkeypatch,
 ):
-    """docs/serve.md "Session 12": a bf16/f16 HF checkpoint on PyTorch computes in f32 where
-    the CPU multiplies bf16 by widening it (faster there); asked dtypes, GGUF files, other
+    """docs/serve.md "Session 12" and "Session 13": a bf16/f16 HF checkpoint on PyTorch
+    computes in f32 where the CPU multiplies bf16 by widening it and Linnet's bf16 GEMV does
+    not run (f16 has none); with the GEMV bf16 stays. Asked dtypes, GGUF files, other
     backends, f32 checkpoints and CPUs with bf16 dot products keep theirs."""
     import torch
 
-    from linnet.backends.torch import prelude
+    from linnet.backends.torch import kernels, prelude
     from linnet.serve.engine import serving_dtype
 
     monkeypatch.setitem(prelude._LOWP_NATIVE, torch.bfloat16, False)
     monkeypatch.setitem(prelude._LOWP_NATIVE, torch.float16, False)
+    monkeypatch.setattr(kernels, "bf16_gemv_available", lambda: False)
     assert serving_dtype(None, "torch", "bf16", gguf=False) == "f32"
     assert serving_dtype(None, "torch", "f16", gguf=False) == "f32"
     assert serving_dtype("bf16", "torch", "bf16", gguf=False) == "bf16"
     assert serving_dtype(None, "torch", "bf16", gguf=True) is None
     assert serving_dtype(None, "jax", "bf16", gguf=False) is None
     assert serving_dtype(None, "torch", "f32", gguf=False) is None
+    monkeypatch.setattr(kernels, "bf16_gemv_available", lambda: True)
+    assert serving_dtype(None, "torch", "bf16", gguf=False) is None
+    assert serving_dtype(None, "torch", "f16", gguf=False) == "f32"
     monkeypatch.setitem(prelude._LOWP_NATIVE, torch.bfloat16, True)
+    monkeypatch.setattr(kernels, "bf16_gemv_available", lambda: False)
     assert serving_dtype(None, "torch", "bf16", gguf=False) is None
 
 
