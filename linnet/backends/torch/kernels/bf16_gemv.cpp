@@ -1,7 +1,7 @@
 // bf16 linears for small batches (decode): one pass over the bf16 weights on both cores
 // (at::parallel_for over blocks of output rows). y = x @ w^T (+ b), rounded once to bf16.
 // With AVX512-BF16: `vdpbf16ps` (pairs of bf16 products, exact in f32, summed in f32).
-// With AVX2 and FMA only: each bf16 widened to f32 in registers (a 16-bit shift: exact),
+// With AVX2 and FMA only: each bf16 widened to f32 in registers (zeros below it: exact),
 // f32 FMAs, so the same exact products and f32 sums; the weights are read as bf16, half
 // of the bytes of a widened f32 copy, which is what a decode step waits on. Built without
 // either the op exists but refuses (`bf16_gemv_native` answers false), and the caller
@@ -13,6 +13,21 @@
 #include <torch/library.h>
 
 #include <cstdint>
+
+namespace {
+
+// The op's checks; the bias in f32 (undefined when there is none).
+[[maybe_unused]] at::Tensor checked_bias(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "shapes");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) % 32 == 0, "layout");
+  if (!b.has_value()) return at::Tensor();
+  at::Tensor bias_f = b->to(at::kFloat).contiguous();
+  TORCH_CHECK(bias_f.numel() == w.size(0), "bias");
+  return bias_f;
+}
+
+}  // namespace
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -37,17 +52,9 @@ void bf16_rows(const uint16_t* x, const uint16_t* w, float* acc_out, int64_t r0,
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "shapes");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) % 32 == 0, "layout");
+  const at::Tensor bias_f = checked_bias(x, w, b);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
-  const float* bias = nullptr;
-  at::Tensor bias_f;
-  if (b.has_value()) {
-    bias_f = b->to(at::kFloat).contiguous();
-    TORCH_CHECK(bias_f.numel() == rows, "bias");
-    bias = bias_f.data_ptr<float>();
-  }
+  const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({batch, rows}, x.options());
   auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
@@ -158,17 +165,9 @@ void bf16_rows(const float* x, const uint16_t* w, float* sums, int64_t r0, int64
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "shapes");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && w.size(1) % 32 == 0, "layout");
+  const at::Tensor bias_f = checked_bias(x, w, b);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
-  const float* bias = nullptr;
-  at::Tensor bias_f;
-  if (b.has_value()) {
-    bias_f = b->to(at::kFloat).contiguous();
-    TORCH_CHECK(bias_f.numel() == rows, "bias");
-    bias = bias_f.data_ptr<float>();
-  }
+  const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   const std::vector<float> xf = widen_x(reinterpret_cast<const uint16_t*>(x.data_ptr()), batch * cols);
   at::Tensor y = at::empty({batch, rows}, x.options());
   const float* xp = xf.data();
