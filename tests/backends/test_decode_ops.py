@@ -5,7 +5,8 @@ reference decompositions of prelude.py, on odd sizes:
 - `rope` equal to `rope_ref` bit for bit (the same products, rounded, then summed);
 - `decode_attention` within 2e-6 of `attention_ref` (GQA, a window, sinks; a polynomial
   e^x: within 2 ulp in f32);
-- the fast helpers call them for f32 CPU decode, and keep the PyTorch path for bf16, for a
+- the fast helpers call them for f32 CPU decode (and for bf16 widened to f32 where the CPU
+  has no bf16 dot product), and keep the PyTorch path for bf16 elsewhere, for a
   rope at per-row positions, a padding mask and with LINNET_KERNELS=0 (attention at per-row
   positions takes `decode_attention_rows`: test_row_attention.py); a tiny Llama's greedy decode in
   `generated`/`fast` runs them and gives transformers' tokens.
@@ -131,8 +132,10 @@ def test_exp_polynomial_within_two_ulp(ops):
 
 
 def test_pytorch_path_where_the_ops_do_not_apply(spy, monkeypatch):
-    """bf16, per-row positions, a padding mask, a prefill, LINNET_KERNELS=0: no op runs,
-    and the helpers give what they gave before the ops (the PyTorch path, bit for bit)."""
+    """bf16 where the CPU has a bf16 dot product, per-row positions, a padding mask, a
+    prefill, LINNET_KERNELS=0: no op runs, and the helpers give what they gave before the
+    ops (the PyTorch path, bit for bit)."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, True)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(2, 3, 64, generator=g), torch.randn(64, generator=g)
     cos, sin = P.rope_tables(64, 16, 10000.0, "default", 1, 1, 1, 1)
@@ -150,6 +153,25 @@ def test_pytorch_path_where_the_ops_do_not_apply(spy, monkeypatch):
         F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
     )
     assert spy.calls == {}
+
+
+def test_bf16_norm_and_rope_run_widened_where_the_cpu_has_no_bf16_dot(spy, monkeypatch):
+    """Without a bf16 dot product, a bf16 norm and rope run the f32 ops on widened inputs,
+    rounded once: within one bf16 rounding of the f32 result (rope_ref in bf16 rounds the
+    tables and each product too, so it is no closer)."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, False)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    cos, sin = P.rope_tables(64, 16, 10000.0, "default", 1, 1, 1, 1)
+    q = torch.randn(2, 4, 1, 64, generator=g).bfloat16()
+    norm, roped = P.rms_norm_fast(x, w, 1e-5), P.rope_fast(q, cos, sin, 7)
+    assert spy.calls == {"rms_norm": 1, "rope": 1}
+    assert norm.dtype == roped.dtype == torch.bfloat16
+    want_norm = F.rms_norm(x.float(), (64,), w.float(), 1e-5)
+    want_rope = P.rope_ref(q.float(), cos, sin, 7)
+    for got, want in ((norm, want_norm), (roped, want_rope)):
+        ulp = 2.0**-8 * want.abs() + 1e-30
+        assert ((got.float() - want).abs() <= ulp * 1.01 + 2e-6 * want.abs().max()).all()
 
 
 def test_fake_shapes_for_compile(ops):
