@@ -230,8 +230,8 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "class Gpt2(nn.Module)" in text and "def decode(self, tokens, at, kv=None)" in text
-    # no dependency on linnet: its imports are the optional C++ kernels and packed linear,
-    # in one guarded block (the module then keeps torch's linear;
+    # no dependency on linnet: its imports are the optional C++ kernels, their decode-step
+    # calls and packed linear, in one guarded block (the module then keeps torch's linear;
     # test_generated_source_runs_with_torch_only runs it)
     imports = [
         ln.strip() for ln in text.splitlines() if "import linnet" in ln or "from linnet" in ln
@@ -240,6 +240,9 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
         "from linnet.backends.torch import kernels as _kernels",
         "from linnet.backends.torch.quantized import PackedWeight as _Packed",
         "from linnet.backends.torch.quantized import packed_linear as _packed_linear",
+        "from linnet.backends.torch.step_kernels import decode_attention as _decode_attention",
+        "from linnet.backends.torch.step_kernels import ops_for as _step_ops",
+        "from linnet.backends.torch.step_kernels import rows_attention as _rows_attention",
     ]
     assert "except ImportError:" in text.split(imports[-1], 1)[1].split("\n\n", 1)[0]
 

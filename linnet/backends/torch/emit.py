@@ -139,7 +139,8 @@ def _softmax(a, s, x):
 
 
 def _moe(a, s, *xs):
-    return f"moe_ref({', '.join(xs)}, {a['top_k']}, {a['alpha']!r}, {a['limit']!r})"
+    fn = "moe_fast" if s.numerics == "fast" else "moe_ref"
+    return f"{fn}({', '.join(xs)}, {a['top_k']}, {a['alpha']!r}, {a['limit']!r})"
 
 
 def _norm(kind):

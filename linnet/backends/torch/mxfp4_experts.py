@@ -100,6 +100,26 @@ class Mxfp4Experts(PackedTensor):
                 b_out.float().contiguous(), values_table(x.device), float(alpha), float(limit),
             )  # fmt: skip
 
+    def moe_routed(self, x, router_w, router_b, top_k, b_in, w_out, b_out, alpha, limit):
+        """The whole moe op for a decode step under numerics="fast", self being its `w_in`:
+        the router, top-k and softmax and the experts with x rounded to int8 per block, in
+        one call of `mxfp4_moe_routed`; None where it does not apply (the caller's path runs)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            if (
+                x.shape[0] * top_k > self.shape[0]
+                or router_w.dtype != torch.float32
+                or router_b is None
+            ):
+                return None
+            ops = _fused_moe_ops(x, None, self, w_out)
+            if ops is None:
+                return None
+            return ops.mxfp4_moe_routed(
+                x.contiguous(), router_w.contiguous(), router_b.float().contiguous(), top_k,
+                self.blocks, self.scales, b_in.float().contiguous(), w_out.blocks, w_out.scales,
+                b_out.float().contiguous(), values_table(x.device), float(alpha), float(limit),
+            )  # fmt: skip
+
 
 def _dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     table = values_table(blocks.device)[scales.long()]  # (..., R, G, 16): this block's values
@@ -135,7 +155,7 @@ def _fused_moe_ops(x, idx, w_in, w_out):
         return None
     if x.dtype != torch.float32 or w_in.dtype != torch.float32 or x.dim() != 2:
         return None
-    if idx.numel() > w_in.shape[0]:
+    if idx is not None and idx.numel() > w_in.shape[0]:
         return None
     return _kernel_ops(x.shape[0], x.device, w_in)
 

@@ -41,8 +41,12 @@ try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch'
     from linnet.backends.torch import kernels as _kernels
     from linnet.backends.torch.quantized import PackedWeight as _Packed
     from linnet.backends.torch.quantized import packed_linear as _packed_linear
+    from linnet.backends.torch.step_kernels import decode_attention as _decode_attention
+    from linnet.backends.torch.step_kernels import ops_for as _step_ops
+    from linnet.backends.torch.step_kernels import rows_attention as _rows_attention
 except ImportError:
     _kernels = _Packed = _packed_linear = None
+    _step_ops = _decode_attention = _rows_attention = lambda *args: None
 
 
 def linear_lowp(x, w, b=None):
@@ -309,19 +313,6 @@ def group_norm_fast(x, w, b, groups, eps):
     return F.group_norm(x, groups, w, b, eps)
 
 
-def _step_ops(x, w):
-    """Linnet's C++ ops of a decode step (kernels/decode_ops.cpp) for f32 CPU tensors
-    outside torch.compile (Inductor fuses these ops itself) and autograd; else None.
-    Called ~150 times a step: cheap checks only (`x.device.type` alone costs ~1 us)."""
-    if _kernels is None or x.dtype != torch.float32 or w.dtype != torch.float32:
-        return None
-    if not x.is_cpu or torch.compiler.is_compiling():
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return None
-    return _kernels.step_ops()
-
-
 def _widened(x):
     """A bf16/f16 CPU tensor where the CPU has no dot product for it: the step's small ops
     run in f32 there (F.rms_norm took ~50 us a bf16 decode call on the AVX2 EPYC, the C++
@@ -351,40 +342,6 @@ def rope_fast(x, cos, sin, offset):
         if _step_ops(xf, cos) is not None:
             return _kernels.step_ops().rope(xf, cos, sin, offset).to(x.dtype)
     return rope_ref(x, cos, sin, offset)
-
-
-def _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
-    """A decode step's attention in one C++ call: one f32 query at position q_offset (an
-    int: not per-row positions) over the cache's keys 0..q_offset (a window's last
-    `window` of them), no padding mask; None where that is not the case."""
-    if key_mask is not None or not causal or type(q_offset) is not int:
-        return None
-    t = k.shape[2]
-    if t != q_offset + 1 or q.shape[2] != 1 or v.dtype != torch.float32:
-        return None
-    ops = _step_ops(q, k)
-    if ops is None:
-        return None
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
-    start = t - window if window and t > window else 0
-    sinks = None if sinks is None else sinks.float().contiguous()
-    return ops.decode_attention(q, k, v, scale, start, sinks)
-
-
-def _rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
-    """A step over cache rows in one C++ call: one f32 query per row at its own position
-    (q_offset [B, 1]), each row attending its own keys only (none of the longer rows'
-    reach the causal mask would hide); None where that is not the case."""
-    if key_mask is not None or not causal or not isinstance(q_offset, torch.Tensor):
-        return None
-    if q.shape[2] != 1 or q_offset.numel() != q.shape[0] or v.dtype != torch.float32:
-        return None
-    ops = _step_ops(q, k)
-    if ops is None:
-        return None
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
-    sinks = None if sinks is None else sinks.float().contiguous()
-    return ops.decode_attention_rows(q, k, v, scale, q_offset.reshape(-1), window or 0, sinks)
 
 
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
@@ -450,6 +407,18 @@ def moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit
         y = _clamped_swiglu(h, alpha, limit) @ w_out[e] + b_out[e]
         out.index_add_(0, tokens, y * weights[tokens, slot, None])
     return out.reshape(shape)
+
+
+def moe_fast(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit):
+    """moe_ref; a decode step's f32 MXFP4 experts take the whole op in one C++ call (router,
+    top-k, softmax, the experts on x rounded to int8 per block: kernels/mxfp4_int8.cpp)."""
+    routed = getattr(w_in, "moe_routed", None)
+    if routed and x.dtype == torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
+        args = (router_w, router_b, top_k, b_in, w_out, b_out, alpha, limit)
+        y = routed(x.reshape(-1, x.shape[-1]), *args)  # None: not a case it runs
+        if y is not None:
+            return y.reshape(x.shape)
+    return moe_ref(x, router_w, router_b, w_in, b_in, w_out, b_out, top_k, alpha, limit)
 
 
 # -- layers split across devices, weights streamed from host memory (issue 19) -------------

@@ -39,6 +39,7 @@ SOURCES = (
     "packed_vnni.cpp",
     "packed_int8_avx2.cpp",
     "mxfp4_gemv.cpp",
+    "mxfp4_int8.cpp",
     "decode_ops.cpp",
 )
 FLAGS = ("-O3", "-march=native")

@@ -32,6 +32,22 @@
 #define LINNET_MXFP4_AVX2 1
 #endif
 
+namespace linnet_mxfp4 {  // mxfp4_int8.cpp
+bool mxfp4_gemm_int8(const float* x, const uint8_t* blocks, const uint8_t* scales, float* y,
+                     int64_t batch, int64_t rows, int64_t groups);
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {  // the router's logits
+  float acc[16] = {};  // independent partial sums: the compiler vectorises them
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0.0f;
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+}  // namespace linnet_mxfp4
+
 namespace {
 
 constexpr int64_t kBlock = 32;
@@ -261,6 +277,20 @@ at::Tensor mxfp4_linear(const at::Tensor& x, const at::Tensor& blocks, const at:
   return y;
 }
 
+// mxfp4_linear with x rounded to int8 per block (mxfp4_int8.cpp); AVX2 builds only.
+at::Tensor mxfp4_linear_int8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x");
+  check_packed(blocks, scales, 0);
+  const int64_t rows = blocks.size(0), groups = blocks.size(1);
+  TORCH_CHECK(x.size(1) == groups * kBlock, "x has ", x.size(1), " columns, the blocks ", groups * kBlock);
+  at::Tensor y = at::empty({x.size(0), rows}, x.options());
+  TORCH_CHECK(linnet_mxfp4::mxfp4_gemm_int8(x.data_ptr<float>(), blocks.data_ptr<uint8_t>(),
+                                            scales.data_ptr<uint8_t>(), y.data_ptr<float>(), x.size(0),
+                                            rows, groups),
+              "this build has no AVX2: no int8 MXFP4 kernel");
+  return y;
+}
+
 // GPT-OSS's clamped SwiGLU on h (2 * ffn: gate and up interleaved) into act (ffn), as
 // `_clamped_swiglu` in the PyTorch prelude: (clamp(up, +-limit) + 1) * g * sigmoid(alpha g),
 // g = min(gate, limit).
@@ -272,18 +302,17 @@ void clamped_swiglu(const float* h, float* act, int64_t ffn, float alpha, float 
   }
 }
 
-// The moe op's expert half for a few tokens (a decode step): token n's experts idx[n, j]
-// weighted by gate[n, j], each expert's two packed matmuls plus biases and its activation,
-// summed in f32 in slot order. Reads only the chosen experts' blocks; no Python per expert.
-at::Tensor mxfp4_moe(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& gate,
-                     const at::Tensor& in_blocks, const at::Tensor& in_scales, const at::Tensor& in_bias,
-                     const at::Tensor& out_blocks, const at::Tensor& out_scales,
-                     const at::Tensor& out_bias, const at::Tensor& table, double alpha, double limit) {
+struct Experts {  // one moe layer's packed experts, checked by `experts_of`
+  const uint8_t *in_blocks, *in_scales, *out_blocks, *out_scales;
+  const float *in_bias, *out_bias, *table;
+  int64_t count, dim, ffn, in_groups, out_groups;
+  float alpha, limit;
+};
+
+Experts experts_of(const at::Tensor& x, const at::Tensor& in_blocks, const at::Tensor& in_scales,
+                   const at::Tensor& in_bias, const at::Tensor& out_blocks, const at::Tensor& out_scales,
+                   const at::Tensor& out_bias, const at::Tensor& table, double alpha, double limit) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x (tokens, dim) f32");
-  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == at::kLong && idx.is_contiguous() &&
-                  idx.size(0) == x.size(0), "idx (tokens, k) int64");
-  TORCH_CHECK(gate.sizes() == idx.sizes() && gate.scalar_type() == at::kFloat && gate.is_contiguous(),
-              "gate (tokens, k) f32");
   check_packed(in_blocks, in_scales, 1);
   check_packed(out_blocks, out_scales, 1);
   check_table(table);
@@ -295,41 +324,115 @@ at::Tensor mxfp4_moe(const at::Tensor& x, const at::Tensor& idx, const at::Tenso
                   in_bias.numel() == experts * two_ffn, "in_bias (experts, 2 * ffn) f32");
   TORCH_CHECK(out_bias.scalar_type() == at::kFloat && out_bias.is_contiguous() &&
                   out_bias.numel() == experts * dim, "out_bias (experts, dim) f32");
+  return {in_blocks.data_ptr<uint8_t>(), in_scales.data_ptr<uint8_t>(), out_blocks.data_ptr<uint8_t>(),
+          out_scales.data_ptr<uint8_t>(), in_bias.data_ptr<float>(), out_bias.data_ptr<float>(),
+          table.data_ptr<float>(), experts, dim, ffn, in_groups, out_groups, float(alpha), float(limit)};
+}
+
+// x @ w^T for one expert's packed rows, f32-exact or (int8_x) with x rounded to int8.
+void expert_gemm(bool int8_x, const float* x, const uint8_t* blocks, const uint8_t* scales,
+                 const float* table, float* y, int64_t rows, int64_t groups) {
+  if (!int8_x || !linnet_mxfp4::mxfp4_gemm_int8(x, blocks, scales, y, 1, rows, groups))
+    mxfp4_gemm(x, blocks, scales, table, y, 1, rows, groups);
+}
+
+// y (tokens, dim) = for each token n, sum over j of gate[n, j] times expert idx[n, j] on x[n]:
+// its two packed matmuls plus biases and its activation, summed in f32 in slot order.
+at::Tensor experts_sum(const Experts& e, const at::Tensor& x, const int64_t* ids, const float* gates,
+                       int64_t k, bool int8_x) {
+  const int64_t dim = e.dim, two_ffn = 2 * e.ffn;
   at::Tensor y = at::zeros({x.size(0), dim}, x.options());
-  std::vector<float> h(two_ffn), act(ffn), e_out(dim);
-  const int64_t* ids = idx.data_ptr<int64_t>();
-  const float *xp = x.data_ptr<float>(), *gp = gate.data_ptr<float>(), *tab = table.data_ptr<float>();
-  const float *b_in = in_bias.data_ptr<float>(), *b_out = out_bias.data_ptr<float>();
-  const uint8_t *ib = in_blocks.data_ptr<uint8_t>(), *is = in_scales.data_ptr<uint8_t>();
-  const uint8_t *ob = out_blocks.data_ptr<uint8_t>(), *os = out_scales.data_ptr<uint8_t>();
+  std::vector<float> h(two_ffn), act(e.ffn), e_out(dim);
+  const float* xp = x.data_ptr<float>();
   for (int64_t n = 0; n < x.size(0); ++n) {
     float* yn = y.data_ptr<float>() + n * dim;
-    for (int64_t j = 0; j < idx.size(1); ++j) {
-      const int64_t e = ids[n * idx.size(1) + j];
-      TORCH_CHECK(e >= 0 && e < experts, "expert index ", e, " out of range");
-      mxfp4_gemm(xp + n * dim, ib + e * two_ffn * in_groups * 16, is + e * two_ffn * in_groups, tab,
-                 h.data(), 1, two_ffn, in_groups);
-      for (int64_t r = 0; r < two_ffn; ++r) h[r] += b_in[e * two_ffn + r];
-      clamped_swiglu(h.data(), act.data(), ffn, float(alpha), float(limit));
-      mxfp4_gemm(act.data(), ob + e * dim * out_groups * 16, os + e * dim * out_groups, tab, e_out.data(),
-                 1, dim, out_groups);
-      const float g = gp[n * idx.size(1) + j];
-      for (int64_t r = 0; r < dim; ++r) yn[r] += (e_out[r] + b_out[e * dim + r]) * g;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t ex = ids[n * k + j];
+      TORCH_CHECK(ex >= 0 && ex < e.count, "expert index ", ex, " out of range");
+      expert_gemm(int8_x, xp + n * dim, e.in_blocks + ex * two_ffn * e.in_groups * 16,
+                  e.in_scales + ex * two_ffn * e.in_groups, e.table, h.data(), two_ffn, e.in_groups);
+      for (int64_t r = 0; r < two_ffn; ++r) h[r] += e.in_bias[ex * two_ffn + r];
+      clamped_swiglu(h.data(), act.data(), e.ffn, e.alpha, e.limit);
+      expert_gemm(int8_x, act.data(), e.out_blocks + ex * dim * e.out_groups * 16,
+                  e.out_scales + ex * dim * e.out_groups, e.table, e_out.data(), dim, e.out_groups);
+      const float g = gates[n * k + j];
+      for (int64_t r = 0; r < dim; ++r) yn[r] += (e_out[r] + e.out_bias[ex * dim + r]) * g;
     }
   }
   return y;
+}
+
+// The moe op's expert half for a few tokens (a decode step): token n's experts idx[n, j]
+// weighted by gate[n, j]. Reads only the chosen experts' blocks; no Python per expert.
+at::Tensor mxfp4_moe(const at::Tensor& x, const at::Tensor& idx, const at::Tensor& gate,
+                     const at::Tensor& in_blocks, const at::Tensor& in_scales, const at::Tensor& in_bias,
+                     const at::Tensor& out_blocks, const at::Tensor& out_scales,
+                     const at::Tensor& out_bias, const at::Tensor& table, double alpha, double limit) {
+  const Experts e = experts_of(x, in_blocks, in_scales, in_bias, out_blocks, out_scales, out_bias, table,
+                               alpha, limit);
+  TORCH_CHECK(idx.dim() == 2 && idx.scalar_type() == at::kLong && idx.is_contiguous() &&
+                  idx.size(0) == x.size(0), "idx (tokens, k) int64");
+  TORCH_CHECK(gate.sizes() == idx.sizes() && gate.scalar_type() == at::kFloat && gate.is_contiguous(),
+              "gate (tokens, k) f32");
+  return experts_sum(e, x, idx.data_ptr<int64_t>(), gate.data_ptr<float>(), idx.size(1), false);
+}
+
+// The whole moe op for a few tokens under numerics="fast": the router's logits (f32 dot
+// products), the top_k experts (ties to the lower index) with a softmax over their logits,
+// and the experts with x rounded to int8 per block where this build has AVX2. One call a
+// layer instead of the router's ~6 PyTorch ops and this op.
+at::Tensor mxfp4_moe_routed(const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& router_b,
+                            int64_t top_k, const at::Tensor& in_blocks, const at::Tensor& in_scales,
+                            const at::Tensor& in_bias, const at::Tensor& out_blocks,
+                            const at::Tensor& out_scales, const at::Tensor& out_bias, const at::Tensor& table,
+                            double alpha, double limit) {
+  const Experts e = experts_of(x, in_blocks, in_scales, in_bias, out_blocks, out_scales, out_bias, table,
+                               alpha, limit);
+  TORCH_CHECK(router_w.scalar_type() == at::kFloat && router_w.is_contiguous() &&
+                  router_w.dim() == 2 && router_w.size(0) == e.count && router_w.size(1) == e.dim,
+              "router_w (experts, dim) f32");
+  TORCH_CHECK(router_b.scalar_type() == at::kFloat && router_b.is_contiguous() && router_b.numel() == e.count,
+              "router_b (experts) f32");
+  TORCH_CHECK(top_k >= 1 && top_k <= e.count, "top_k ", top_k, " of ", e.count, " experts");
+  const int64_t tokens = x.size(0);
+  std::vector<int64_t> ids(tokens * top_k), order(e.count);
+  std::vector<float> gates(tokens * top_k), logits(e.count);
+  for (int64_t n = 0; n < tokens; ++n) {
+    const float* xn = x.data_ptr<float>() + n * e.dim;
+    for (int64_t i = 0; i < e.count; ++i)
+      logits[i] = linnet_mxfp4::dot_f32(xn, router_w.data_ptr<float>() + i * e.dim, e.dim) +
+                  router_b.data_ptr<float>()[i];
+    for (int64_t i = 0; i < e.count; ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    const float top = logits[order[0]];
+    float total = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) total += (gates[n * top_k + j] = std::exp(logits[order[j]] - top));
+    for (int64_t j = 0; j < top_k; ++j) {
+      gates[n * top_k + j] /= total;
+      ids[n * top_k + j] = order[j];
+    }
+  }
+  return experts_sum(e, x, ids.data(), gates.data(), top_k, true);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("mxfp4_linear(Tensor x, Tensor blocks, Tensor scales, Tensor table) -> Tensor");
+  m.def("mxfp4_linear_int8(Tensor x, Tensor blocks, Tensor scales) -> Tensor");
   m.def(
       "mxfp4_moe(Tensor x, Tensor idx, Tensor gate, Tensor in_blocks, Tensor in_scales, Tensor in_bias, "
       "Tensor out_blocks, Tensor out_scales, Tensor out_bias, Tensor table, float alpha, float limit) -> Tensor");
+  m.def(
+      "mxfp4_moe_routed(Tensor x, Tensor router_w, Tensor router_b, int top_k, Tensor in_blocks, "
+      "Tensor in_scales, Tensor in_bias, Tensor out_blocks, Tensor out_scales, Tensor out_bias, "
+      "Tensor table, float alpha, float limit) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
   m.impl("mxfp4_linear", mxfp4_linear);
+  m.impl("mxfp4_linear_int8", mxfp4_linear_int8);
   m.impl("mxfp4_moe", mxfp4_moe);
+  m.impl("mxfp4_moe_routed", mxfp4_moe_routed);
 }

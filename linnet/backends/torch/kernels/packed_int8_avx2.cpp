@@ -44,30 +44,35 @@ inline float hmax(__m256 s) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
+// One 32-block of x: q = round(x / d) to nearest even (MXCSR's default, as the VNNI kernel
+// rounds), d = amax / 127; returns d and writes the 32 codes in x's order; *sum gets d times
+// the codes' sum (the 4-bit offsets' term).
+inline float quantize_block(const float* v, int8_t* codes, float* sum_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 a[4], m = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    a[j] = _mm256_loadu_ps(v + 8 * j);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[j]));
+  }
+  const float d = hmax(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], _mm256_set1_ps(id)));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  // packs interleave 128-bit lanes: the permute puts the 32 bytes back in order
+  const __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w, z),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i*)codes, b);
+  *sum_out = d * hsum(_mm256_cvtepi32_ps(sum));
+  return d;
+}
+
 Quantized quantize_x(const float* x, int64_t batch, int64_t cols) {
   const int64_t groups = cols / kGroup;
   Quantized out{std::vector<int8_t>(batch * cols), std::vector<float>(batch * groups),
                 std::vector<float>(batch * groups)};
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t i = 0; i < batch * groups; ++i) {
-    const float* v = x + i * kGroup;
-    __m256 a[4], m = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      a[j] = _mm256_loadu_ps(v + 8 * j);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[j]));
-    }
-    const float d = hmax(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    __m256i q[4];  // rounded to nearest even (MXCSR's default), as the VNNI kernel does
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], _mm256_set1_ps(id)));
-    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    // packs interleave 128-bit lanes: the permute puts the 32 bytes back in order
-    const __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w, z),
-                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i*)(out.q.data() + i * kGroup), b);
-    out.d[i] = d;
-    out.sums[i] = d * hsum(_mm256_cvtepi32_ps(sum));
-  }
+  for (int64_t i = 0; i < batch * groups; ++i)
+    out.d[i] = quantize_block(x + i * kGroup, out.q.data() + i * kGroup, &out.sums[i]);
   return out;
 }
 
@@ -211,6 +216,12 @@ void packed_linear_int8x(const float* x, const void* codes, const float* scale,
     run_rows<Q8>(p, xq);
   else
     run_rows<Q4>(p, xq);
+}
+
+// x's `blocks` 32-blocks rounded as above (mxfp4_gemv.cpp's int8 path): q (blocks * 32), d.
+void quantize_blocks(const float* x, int64_t blocks, int8_t* q, float* d) {
+  float unused;
+  for (int64_t i = 0; i < blocks; ++i) d[i] = quantize_block(x + i * kGroup, q + i * kGroup, &unused);
 }
 
 }  // namespace linnet_avx2

@@ -1,0 +1,60 @@
+"""Calls of Linnet's decode-step C++ ops (kernels/decode_ops.cpp) for the prelude's `fast`
+helpers: each answers None where its op does not apply (dtype, device, shapes, autograd,
+torch.compile tracing) and the helper runs its PyTorch path. A generated module run
+without linnet imports none of this and always takes that path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from linnet.backends.torch import kernels
+
+
+def ops_for(x, w):
+    """Linnet's C++ ops of a decode step (kernels/decode_ops.cpp) for f32 CPU tensors
+    outside torch.compile (Inductor fuses these ops itself) and autograd; else None.
+    Called ~150 times a step: cheap checks only (`x.device.type` alone costs ~1 us)."""
+    if x.dtype != torch.float32 or w.dtype != torch.float32:
+        return None
+    if not x.is_cpu or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return None
+    return kernels.step_ops()
+
+
+def decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
+    """A decode step's attention in one C++ call: one f32 query at position q_offset (an
+    int: not per-row positions) over the cache's keys 0..q_offset (a window's last
+    `window` of them), no padding mask; None where that is not the case."""
+    if key_mask is not None or not causal or type(q_offset) is not int:
+        return None
+    t = k.shape[2]
+    if t != q_offset + 1 or q.shape[2] != 1 or v.dtype != torch.float32:
+        return None
+    ops = ops_for(q, k)
+    if ops is None:
+        return None
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
+    start = t - window if window and t > window else 0
+    sinks = None if sinks is None else sinks.float().contiguous()
+    return ops.decode_attention(q, k, v, scale, start, sinks)
+
+
+def rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
+    """A step over cache rows in one C++ call: one f32 query per row at its own position
+    (q_offset [B, 1]), each row attending its own keys only (none of the longer rows'
+    reach the causal mask would hide); None where that is not the case."""
+    if key_mask is not None or not causal or not isinstance(q_offset, torch.Tensor):
+        return None
+    if q.shape[2] != 1 or q_offset.numel() != q.shape[0] or v.dtype != torch.float32:
+        return None
+    ops = ops_for(q, k)
+    if ops is None:
+        return None
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
+    sinks = None if sinks is None else sinks.float().contiguous()
+    return ops.decode_attention_rows(q, k, v, scale, q_offset.reshape(-1), window or 0, sinks)
