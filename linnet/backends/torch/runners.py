@@ -87,45 +87,74 @@ def stack_params(params: dict, fused: dict) -> dict:
     exports read them). Returns the stacked tensors by name."""
     stacked = {}
     for name, parts in fused.items():
-        whole = torch.cat([params[p] for p in parts])
-        lo = 0
-        for p in parts:
-            rows = params[p].shape[0]
-            params[p] = whole[lo : lo + rows]
-            lo += rows
-        stacked[name] = whole
+        stacked[name] = whole = torch.cat([params[p] for p in parts])
+        _view_parts(whole, parts, params)
     return stacked
 
 
-COLUMN_MAJOR_MIN_ROWS = 8192  # an lm_head, not a layer's projections (MKL's speed on those)
+COLUMN_MAJOR_MIN_ROWS = 8192  # any lm_head
+COLUMN_MAJOR_MIN_TALL = 1 << 18  # elements: a layer's taller-than-wide projections (1 MB)
 
 
-def column_major_linears(graphs, weights: dict, params: dict) -> dict:
-    """Large f32 CPU weights that only `linear` reads (an untied lm_head), re-held with the
-    same shape and values in column-major storage (`w.t().contiguous().t()`), in `params`
-    too so the weight is held once. MKL's sgemv reads a row-major [32000, 512] weight for
-    one token at a fraction of the memory bandwidth (12 ms of thread time on an AVX2 EPYC,
-    6.5 on an AVX-512 Xeon) and this layout at about twice that; sums in f32 either way,
-    another order (docs/gpt-oss.md). Returns the replaced weights by name."""
-    linear_only: dict[str, bool] = {}
+def _column_major_wins(w: torch.Tensor) -> bool:
+    """MKL's one-token sgemv on an f32 CPU weight reads a column-major layout faster when
+    the weight is taller than wide: an lm_head (12 -> 6 ms for [32000, 512] on the AVX2
+    EPYC), a fused qkv or gate/up (0.67-0.77x the time for [640, 512], [960, 576],
+    [1536, 576], [3072, 576]); wide or square ones ([576, 1536], [576, 576]) read slower
+    that way, and a prompt's GEMM reads either alike (docs/torch.md)."""
+    if w.device.type != "cpu" or w.dim() != 2 or w.dtype != torch.float32 or not w.is_contiguous():
+        return False
+    rows, cols = w.shape
+    return rows >= COLUMN_MAJOR_MIN_ROWS or (rows > cols and rows * cols >= COLUMN_MAJOR_MIN_TALL)
+
+
+def column_major_linears(graphs, weights: dict, params: dict, fused: dict | None = None) -> dict:
+    """f32 CPU weights that `linear` reads and that read faster column-major
+    (`_column_major_wins`), re-held with the same shape and values in column-major storage
+    (`w.t().contiguous().t()`), in `params` too, under every name that shares the weight,
+    and a stacked weight's parts (`fused`) as views of its new storage, so each weight is
+    held once. Besides `linear` only a `take` may read it: a tied lm_head's embedding, whose
+    gather of a token's row reads it strided (576 floats a token for SmolLM2's, against the
+    113 MB the head's sgemv streams). Sums in f32 either way, another order. Returns the
+    replaced weights by name."""
+    uses = _param_uses(graphs)
+    fused = fused or {}
+    out = {}
+    for name, used in uses.items():
+        w = weights.get(name)
+        if ("linear", 1) not in used or not used <= {("linear", 1), ("take", 0)}:
+            continue
+        if type(w) is not torch.Tensor or not _column_major_wins(w):
+            continue
+        sharing = [n for n, p in params.items() if p is w] or [name]  # a stacked one: none
+        moved = w.t().contiguous().t()
+        out.update({n: moved for n in sharing})
+        if name in fused:
+            _view_parts(moved, fused[name], params)
+            out.update({p: params[p] for p in fused[name]})
+        else:
+            params.update({n: moved for n in sharing})
+    return out
+
+
+def _param_uses(graphs) -> dict[str, set]:
+    """Each param's readers as (op, input index) pairs, over all the entries' graphs."""
+    uses: dict[str, set] = {}
     for graph in graphs:
         names = {id(v): n for n, v in graph.params.items()}
         for node in graph.nodes:
             for i, v in enumerate(node.inputs):
                 if id(v) in names:
-                    use = node.op == "linear" and i == 1
-                    name = names[id(v)]
-                    linear_only[name] = linear_only.get(name, True) and use
-    out = {}
-    for name, only in linear_only.items():
-        w = params.get(name)  # not a stacked param of fused linears: its parts view it
-        if not only or type(w) is not torch.Tensor or w.dim() != 2 or w.dtype != torch.float32:
-            continue
-        if sum(p is w for p in params.values()) > 1:
-            continue  # tied (an embedding's gather reads the same tensor)
-        if w.device.type == "cpu" and w.shape[0] >= COLUMN_MAJOR_MIN_ROWS and w.is_contiguous():
-            out[name] = params[name] = w.t().contiguous().t()
-    return out
+                    uses.setdefault(names[id(v)], set()).add((node.op, i))
+    return uses
+
+
+def _view_parts(whole: torch.Tensor, parts: list[str], params: dict) -> None:
+    lo = 0
+    for p in parts:
+        rows = params[p].shape[0]
+        params[p] = whole[lo : lo + rows]
+        lo += rows
 
 
 class GeneratedRunner:
@@ -144,7 +173,7 @@ class GeneratedRunner:
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
         weights = {**params, **stack_params(params, fused)}
-        weights.update(column_major_linears(self.graphs.values(), weights, params))
+        weights.update(column_major_linears(self.graphs.values(), weights, params, fused))
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
