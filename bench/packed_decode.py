@@ -69,7 +69,8 @@ def llamacpp_decoder(gguf: Path, threads: int):
 
 def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     """name -> (decode(ids, n, clock), LINNET_KERNELS for it); bf16: Linnet loads the HF
-    folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export."""
+    folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export; f32: both the f32 GGUF
+    export (Linnet's linears through MKL, tall ones column-major: docs/torch.md)."""
     run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
     found = {
         "linnet int8 x": (run, "1"),
@@ -78,7 +79,7 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
         "linnet pytorch": (run, "0"),
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
     }
-    if dtype == "bf16":  # no packed weights: the integer kernel does not apply
+    if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
         del found["linnet int8 x"], found["linnet torch step ops"]
     return found
 
