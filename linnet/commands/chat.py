@@ -21,7 +21,14 @@ from linnet.commands.run import (
     eos_ids,
     open_tokenizer,
 )
-from linnet.commands.session import BACKEND_OPTION, MODE_OPTION, generate_streamed, load_model
+from linnet.commands.session import (
+    BACKEND_OPTION,
+    MODE_OPTION,
+    NUMERICS_OPTION,
+    generate_streamed,
+    load_model,
+    resolve_numerics,
+)
 
 
 @click.command()
@@ -33,15 +40,20 @@ from linnet.commands.session import BACKEND_OPTION, MODE_OPTION, generate_stream
 @click.option("--dtype", default=None, help="f32, bf16 or f16 (default: the checkpoint's)")
 @BACKEND_OPTION
 @MODE_OPTION
+@NUMERICS_OPTION
 @_CHECKPOINT
 @_REVISION
-def chat(target, system, max_new_tokens, context, dtype, backend, mode, checkpoint, revision):
+def chat(
+    target, system, max_new_tokens, context, dtype, backend, mode, numerics, checkpoint, revision
+):  # fmt: skip
     """Chat with a model: one user turn per line of input, answers streamed."""
+    numerics = resolve_numerics(numerics, backend, mode)
     found = _locate(target, checkpoint, revision)
     tokenizer, _ = open_tokenizer(found, chat=True)
     model, load_s = load_model(
-        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=context
-    )
+        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=context,
+        numerics=numerics,
+    )  # fmt: skip
     eos = eos_ids(found.folder, tokenizer)
     history = [{"role": "system", "content": system}] if system else []
     interactive = sys.stdin.isatty()

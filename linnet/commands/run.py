@@ -17,11 +17,13 @@ import click
 from linnet.commands.session import (
     BACKEND_OPTION,
     MODE_OPTION,
+    NUMERICS_OPTION,
     generate_streamed,
     load_model,
     mode_option,
     placement_flags,
     placement_options,
+    resolve_numerics,
 )
 from linnet.commands.zoo import fail_hub, warnings_to_stderr
 from linnet.errors import CheckpointError
@@ -116,6 +118,7 @@ def _generation_eos(path: Path):
 )  # fmt: skip
 @BACKEND_OPTION
 @MODE_OPTION
+@NUMERICS_OPTION
 @_CHECKPOINT
 @_REVISION
 @click.option(
@@ -125,19 +128,20 @@ def _generation_eos(path: Path):
 )  # fmt: skip
 @placement_flags
 def run(
-    target, prompt, max_new_tokens, chat, dtype, backend, mode, checkpoint, revision,
+    target, prompt, max_new_tokens, chat, dtype, backend, mode, numerics, checkpoint, revision,
     tensor_parallel, devices, split, device_budget,
 ) -> None:  # fmt: skip
     """Generate text greedily with Linnet, streaming tokens as they come."""
     from linnet.parity import encode_prompts
 
+    numerics = resolve_numerics(numerics, backend, mode)
     found = _locate(target, checkpoint, revision)
     tokenizer, chat = open_tokenizer(found, chat)
     ids = encode_prompts(tokenizer, [prompt], chat)[0]
     model, load_s = load_model(
         found.checkpoint, backend=backend, mode=mode, dtype=dtype,
         positions=ids.shape[-1] + max_new_tokens, tensor_parallel=tensor_parallel,
-        placement=placement_options(devices, split, device_budget),
+        placement=placement_options(devices, split, device_budget), numerics=numerics,
     )  # fmt: skip
     if getattr(model, "placement", None) is not None:
         click.echo(model.placement.describe(), err=True)

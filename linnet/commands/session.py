@@ -34,6 +34,26 @@ def mode_option(default: str):
 
 
 MODE_OPTION = mode_option(DEFAULT_MODE)
+NUMERICS_OPTION = click.option(
+    "--numerics", type=click.Choice(("fast", "equivalent")), default=None,
+    help="PyTorch only: fast (the decode step's fused C++ ops; packed weights and GPT-OSS's "
+    "MXFP4 experts with x rounded to int8) or equivalent (the reference decompositions op "
+    "for op) [default: fast; equivalent with --mode interpret]",
+)  # fmt: skip
+
+
+def resolve_numerics(numerics: str | None, backend: str, mode: str | None) -> str:
+    """--numerics as load_model takes it: PyTorch's default is fast, except the interpreter
+    (it runs the reference decompositions only); other backends have no such choice."""
+    if numerics is not None and backend != "torch":
+        raise click.UsageError(f"--numerics is PyTorch's; --backend {backend} has one")
+    if numerics is None:
+        return "equivalent" if mode == "interpret" else "fast"
+    if numerics == "fast" and mode == "interpret":
+        raise click.UsageError(
+            "--mode interpret runs the reference decompositions: --numerics equivalent"
+        )
+    return numerics
 
 
 def _devices(ctx, param, value):

@@ -120,7 +120,8 @@ def test_a_folder_without_a_tokenizer_is_one_error_line(tiny_checkpoint, command
 
 BACKENDS = [
     ["--backend", "torch", "--mode", "interpret"],
-    ["--backend", "torch"],
+    ["--backend", "torch"],  # generated, numerics fast: the defaults
+    ["--backend", "torch", "--numerics", "equivalent"],
     ["--backend", "jax"],
     ["--backend", "onnx"],
 ]
@@ -149,13 +150,18 @@ def tiny_chat(tiny_checkpoint, tmp_path):
     return add_tiny_tokenizer(folder, chat=True)
 
 
-@pytest.mark.parametrize("mode", ["interpret", "generated", "compile"])
+@pytest.mark.parametrize(
+    "mode", ["interpret", "generated", "compile", "generated/equivalent", "compile/equivalent"]
+)
 def test_run_modes_on_a_tiny_checkpoint_match_transformers(tiny_chat, mode):
-    """Every PyTorch mode, compile included (SmolLM2's 30 layers compile for minutes)."""
+    """Every PyTorch mode, compile included (SmolLM2's 30 layers compile for minutes), with
+    the default numerics (fast; equivalent for the interpreter) and with equivalent."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_chat, trust_remote_code=False)
-    done = run(str(tiny_chat), "--prompt", "w7 w8 w9", "--max-new-tokens", "6", "--mode", mode)
+    mode, _, numerics = mode.partition("/")
+    choice = ["--mode", mode] + (["--numerics", numerics] if numerics else [])
+    done = run(str(tiny_chat), "--prompt", "w7 w8 w9", "--max-new-tokens", "6", *choice)
     assert done.exit_code == 0, done.output
     ids = chat_prompt_ids(tok, ["w7 w8 w9"])[0]
     out = reference_greedy(tiny_chat, ids, 6, stop_at_eos=True)
@@ -167,6 +173,15 @@ def test_mode_is_pytorchs_only(tiny_chat):
         main, ["run", str(tiny_chat), "--prompt", "hi", "--backend", "jax", "--mode", "compile"]
     )
     assert done.exit_code == 2 and "PyTorch" in done.output
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [["--backend", "jax", "--numerics", "fast"], ["--mode", "interpret", "--numerics", "fast"]],
+)
+def test_numerics_it_cannot_run_is_a_usage_error(tiny_chat, choice):
+    done = CliRunner().invoke(main, ["run", str(tiny_chat), "--prompt", "hi", *choice])
+    assert done.exit_code == 2 and "--numerics" in done.output, done.output
 
 
 def greedy_answer(folder, tok, history, n):
