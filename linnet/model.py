@@ -115,6 +115,8 @@ class SourceModel(Model):
         return self._entries
 
     def _missing_entry(self, entry: str) -> str:
+        if entry in self.source.entries_for(self.config):
+            return f"entry `{entry}` was not loaded (entries={self.entries})"
         if entry in self.source.entries:
             why = self.source.absent_entry(entry)
             return f"the {self.source.name} source's {why} (entries: {', '.join(self.entries)})"

@@ -35,6 +35,7 @@ class TorchModel(SourceModel):
         hf_config: dict | None = None,
         program=None,  # a rank's local program (tensor parallel, linnet/shard)
         placement: dict | None = None,  # devices, split, max_device_bytes (linnet/shard)
+        entries=None,  # only these entries lowered and generated (`linnet.torch.load`)
     ):
         self.source = source
         self.config = config
@@ -44,7 +45,9 @@ class TorchModel(SourceModel):
         self.numerics = numerics
         self.mode = mode
         self.arrays = TorchArrays(self.device)
-        program = program or source.program(config)
+        program = program or source.program(config, entries)
+        if entries is not None:
+            self._entries = [e for e in source.entries_for(config) if e in entries]
         if placement is not None:  # layers across devices, or streamed from host memory
             from linnet.shard.placed import PlacedRunner
 

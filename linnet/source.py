@@ -17,7 +17,7 @@ from linnet.check.elaborate import Elaborator, absent_entry_message, check_sourc
 from linnet.check.values import BlockInfo, Frame
 from linnet.core.diagnostics import DiagnosticError
 from linnet.core.dims import Poly
-from linnet.errors import CheckpointError, SourceError
+from linnet.errors import CheckpointError, LinnetError, SourceError
 from linnet.ir.graph import Graph
 from linnet.ir.program import Program
 from linnet.ir.types import TensorType
@@ -153,8 +153,13 @@ class Source:
         except DiagnosticError as err:  # a mistake only this config exposes
             raise SourceError([err.diagnostic]) from None
 
-    def program(self, config: dict) -> Program:
-        """Every entry lowered for `config`, with the param layout: what a backend takes."""
-        graphs = {entry: self.lower(config, entry) for entry in self.entries}
+    def program(self, config: dict, entries=None) -> Program:
+        """Every entry (or those of `entries`) lowered for `config`, with the param layout:
+        what a backend takes."""
+        unknown = set(entries or ()) - set(self.entries)
+        if unknown:
+            raise LinnetError(f"the {self.name} source has no entry {', '.join(sorted(unknown))}")
+        wanted = [e for e in self.entries if entries is None or e in entries]
+        graphs = {entry: self.lower(config, entry) for entry in wanted}
         layout = self.params(config)
         return Program(self.name, config, graphs, layout.shapes, layout.tied)

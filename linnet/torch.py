@@ -14,6 +14,7 @@ import torch
 from linnet.backends.torch.interp import TORCH_DTYPES
 from linnet.backends.torch.mxfp4_experts import Mxfp4Experts
 from linnet.backends.torch.quantized import allow_int8_activations
+from linnet.errors import LinnetError
 from linnet.quantize import packed_dtype, quantize_params, to_packed_weight
 from linnet.runtime import TorchModel
 from linnet.source import Source
@@ -32,6 +33,7 @@ def load(
     devices: list[str] | None = None,
     split: list[int] | None = None,
     max_device_bytes: int | str | None = None,
+    entries: list[str] | None = None,
 ) -> TorchModel:
     """A local HF checkpoint folder (config.json + safetensors), or a `.gguf` file, as a
     Linnet model.
@@ -50,7 +52,12 @@ def load(
     devices: layers split over these devices in order (["cuda:0", "cuda:1"]; balanced by
         bytes, or `split`: layers per device); max_device_bytes: a budget per device
         ("8GiB"), the layers beyond it stream from host memory (docs/parallel.md).
+    entries: only these of the source's entries are lowered and generated (a whole model
+        on one device); `linnet run` and `chat` load ["decode"]: SmolLM2's other two
+        entries cost about 1 s of a load.
     """
+    if entries is not None and (devices, max_device_bytes, tensor_parallel) != (None, None, None):
+        raise LinnetError("entries= loads a whole model on one device")
     if devices is not None or max_device_bytes is not None:
         return _load_placed(
             path, devices or [device], split, max_device_bytes, dtype=dtype,
@@ -64,10 +71,12 @@ def load(
             path, tensor_parallel, dtype=dtype, device=device, numerics=numerics,
             max_positions=max_positions, mode=mode,
         )  # fmt: skip
-    return _load_whole(path, dtype, device, numerics, max_positions, mode)
+    return _load_whole(path, dtype, device, numerics, max_positions, mode, entries)
 
 
-def _load_whole(path, dtype, device, numerics: str, max_positions, mode: str) -> TorchModel:
+def _load_whole(
+    path, dtype, device, numerics: str, max_positions, mode: str, entries=None
+) -> TorchModel:
     """The whole model on one device (packed dtypes and MXFP4 experts kept packed)."""
     quant = packed_dtype(dtype)
     if quant is not None:
@@ -82,8 +91,9 @@ def _load_whole(path, dtype, device, numerics: str, max_positions, mode: str) ->
         params = quantize_params(params, quant)
     allow_int8_activations(params, numerics)
     model = TorchModel(
-        source, config, params, device=device, numerics=numerics, mode=mode, hf_config=hf_config
-    )
+        source, config, params, device=device, numerics=numerics, mode=mode,
+        hf_config=hf_config, entries=entries,
+    )  # fmt: skip
     model.folder = Path(path) if Path(path).is_dir() else None  # companions (Whisper's rules)
     if ck.gguf_metadata is not None:  # a GGUF re-export keeps the file's key/values
         model.gguf_metadata, model.origin = ck.gguf_metadata, ck.origin

@@ -8,26 +8,45 @@ Chat models get their chat template with the generation prompt; others the plain
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from linnet.errors import CheckpointError
 from linnet.remote_code import refuse_remote_code
 from linnet.weights.jsonfile import check_json_companions
 
+# tokenizer_config.json classes that are transformers' plain fast tokenizer: built directly,
+# without AutoTokenizer's config resolution, which imports torch and the modeling code
+# (5.4-6.0 s of a fresh `linnet run` process against 1.3-1.4 s, docs/zoo.md)
+_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
 
 def load_tokenizer(folder: Path, gguf_file: str | None = None):
     """transformers' tokenizer of a checkpoint folder (or of a GGUF file in it); a folder
     without one is a CheckpointError that says so, not transformers' traceback."""
-    from transformers import AutoTokenizer
-
     refuse_remote_code(folder)
     check_json_companions(folder)
     try:
-        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
+        return _tokenizer_class(Path(folder), gguf_file).from_pretrained(
+            folder, gguf_file=gguf_file, trust_remote_code=False
+        )
     except Exception as err:  # noqa: BLE001 - any failure on a user's files is named, not raised
         why = str(err).strip().splitlines()[0].rstrip(" :") if str(err).strip() else repr(err)
         where = f"{folder}/{gguf_file}" if gguf_file else str(folder)
         raise CheckpointError(f"{where}: no tokenizer transformers can load ({why})") from err
+
+
+def _tokenizer_class(folder: Path, gguf_file: str | None):
+    """The class tokenizer_config.json names when it is the plain fast tokenizer (the same
+    class AutoTokenizer would pick), else AutoTokenizer."""
+    import transformers
+
+    config = folder / "tokenizer_config.json"
+    if gguf_file is None and config.is_file() and (folder / "tokenizer.json").is_file():
+        name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+        if name in _PLAIN_FAST and hasattr(transformers, name):
+            return getattr(transformers, name)
+    return transformers.AutoTokenizer
 
 
 def encode_prompts(tokenizer, prompts, chat: bool):

@@ -70,3 +70,21 @@ def test_eos_stops_when_every_row_has_ended(models, backend):
     first = list(greedy[0, 5:]).index(stop)
     assert out.shape[1] == 5 + first + 1 and int(out[0, -1]) == stop
     assert len(seen) == first + 1
+
+
+@pytest.mark.parametrize("mode", ["interpret", "generated"])
+def test_only_the_entries_asked_for_are_loaded(models, mode):
+    """`entries=["decode"]` (what `linnet run` loads): generation is transformers' greedy,
+    the other entries are absent with an error that says so, and a name the source lacks
+    is refused at load."""
+    from linnet.errors import LinnetError
+
+    folder, _ = models
+    model = linnet.torch.load(folder, mode=mode, entries=["decode"])
+    assert model.entries == ["decode"] and list(model.runner.inputs) == ["decode"]
+    ids = probe_ids(256, (2, 7), seed=11)
+    assert model.generate(ids, NEW).tolist() == reference_greedy(folder, ids, NEW).tolist()
+    with pytest.raises(LinnetError, match="`forward` was not loaded"):
+        model.forward(ids)
+    with pytest.raises(LinnetError, match="no entry nope"):
+        linnet.torch.load(folder, entries=["decode", "nope"])
