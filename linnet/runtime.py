@@ -45,6 +45,7 @@ class TorchModel(SourceModel):
         self.numerics = numerics
         self.mode = mode
         self.arrays = TorchArrays(self.device)
+        whole = program is None  # else a tensor-parallel rank's share (linnet/shard)
         program = program or source.program(config, entries)
         if entries is not None:
             self._entries = [e for e in source.entries_for(config) if e in entries]
@@ -56,7 +57,7 @@ class TorchModel(SourceModel):
             )
             self.placement = self.runner.placement
         else:
-            self.runner = make_runner(mode, program, self.params, self.device, numerics)
+            self.runner = make_runner(mode, program, self.params, self.device, numerics, whole)
         self.state: dict[str, torch.Tensor] = {}
 
     def _declared(self, entry: str) -> list:

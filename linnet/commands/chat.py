@@ -52,7 +52,7 @@ def chat(
     tokenizer, _ = open_tokenizer(found, chat=True)
     model, load_s = load_model(
         found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=context,
-        numerics=numerics,
+        numerics=numerics, entries=["decode"],
     )  # fmt: skip
     eos = eos_ids(found.folder, tokenizer)
     history = [{"role": "system", "content": system}] if system else []

@@ -142,6 +142,7 @@ def run(
         found.checkpoint, backend=backend, mode=mode, dtype=dtype,
         positions=ids.shape[-1] + max_new_tokens, tensor_parallel=tensor_parallel,
         placement=placement_options(devices, split, device_budget), numerics=numerics,
+        entries=["decode"],  # all that generation runs
     )  # fmt: skip
     if getattr(model, "placement", None) is not None:
         click.echo(model.placement.describe(), err=True)

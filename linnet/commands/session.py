@@ -101,11 +101,13 @@ def placement_options(devices, split, budget) -> dict | None:
 
 def load_model(
     checkpoint, *, backend: str, mode: str | None, dtype, positions: int, tensor_parallel=None,
-    placement: dict | None = None, numerics: str = "equivalent",
+    placement: dict | None = None, numerics: str = "equivalent", entries=None,
 ):  # fmt: skip
     """A decoder on `backend`, and the seconds loading took; `positions`: the cache length;
     `tensor_parallel`: this torchrun rank's share of N (PyTorch, docs/parallel.md);
-    `numerics`: PyTorch's ("fast" takes the decode-step ops, docs/torch.md)."""
+    `numerics`: PyTorch's ("fast" takes the decode-step ops, docs/torch.md); `entries`: only
+    those lowered (PyTorch, a whole model: `linnet run` and `chat` take ["decode"], which
+    is ~1 s less to load)."""
     if tensor_parallel is not None and backend not in ("torch", "jax"):
         raise click.UsageError("--tensor-parallel runs on --backend torch or jax")
     if placement is not None and backend != "torch":
@@ -120,7 +122,7 @@ def load_model(
         model = linnet.torch.load(
             checkpoint, dtype=dtype, mode=mode or DEFAULT_MODE, max_positions=positions,
             tensor_parallel=tensor_parallel, numerics=numerics, **(placement or {}),
-            entries=["decode"] if whole else None,  # all generation runs: ~1 s less to load
+            entries=entries if whole else None,
         )  # fmt: skip
     elif backend == "jax":
         import linnet.jax

@@ -81,14 +81,23 @@ def load_generated(text: str, name: str):
 _counter = itertools.count()
 
 
-def stack_params(params: dict, fused: dict) -> dict:
+def stack_params(params: dict, fused: dict, column_major=None) -> dict:
     """Each stacked param of `fuse_linears` built once; its parts in `params` become views
     of its rows, so each weight is held once and the source's names still reach it (HF
-    exports read them). Returns the stacked tensors by name."""
+    exports read them). `column_major(name, like, rows)`: whether to write that one
+    column-major (`column_major_linears`' layout, written directly: no second copy).
+    Returns the stacked tensors by name."""
     stacked = {}
     for name, parts in fused.items():
-        stacked[name] = whole = torch.cat([params[p] for p in parts])
-        _view_parts(whole, parts, params)
+        like = params[parts[0]]
+        rows = sum(params[p].shape[0] for p in parts)
+        if column_major is not None and like.dim() == 2 and column_major(name, like, rows):
+            whole = torch.empty(like.shape[1], rows, dtype=like.dtype, device=like.device).t()
+            _view_parts(whole, parts, params, fill=True)
+        else:
+            whole = torch.cat([params[p] for p in parts])
+            _view_parts(whole, parts, params)
+        stacked[name] = whole
     return stacked
 
 
@@ -96,44 +105,52 @@ COLUMN_MAJOR_MIN_ROWS = 8192  # any lm_head
 COLUMN_MAJOR_MIN_TALL = 1 << 18  # elements: a layer's taller-than-wide projections (1 MB)
 
 
-def _column_major_wins(w: torch.Tensor) -> bool:
+def _column_major_wins(like: torch.Tensor, rows: int, cols: int) -> bool:
     """MKL's one-token sgemv on an f32 CPU weight reads a column-major layout faster when
     the weight is taller than wide: an lm_head (12 -> 6 ms for [32000, 512] on the AVX2
     EPYC), a fused qkv or gate/up (0.67-0.77x the time for [640, 512], [960, 576],
     [1536, 576], [3072, 576]); wide or square ones ([576, 1536], [576, 576]) read slower
     that way, and a prompt's GEMM reads either alike (docs/torch.md)."""
-    if w.device.type != "cpu" or w.dim() != 2 or w.dtype != torch.float32 or not w.is_contiguous():
+    if like.device.type != "cpu" or like.dtype != torch.float32:
         return False
-    rows, cols = w.shape
     return rows >= COLUMN_MAJOR_MIN_ROWS or (rows > cols and rows * cols >= COLUMN_MAJOR_MIN_TALL)
 
 
-def column_major_linears(graphs, weights: dict, params: dict, fused: dict | None = None) -> dict:
-    """f32 CPU weights that `linear` reads and that read faster column-major
-    (`_column_major_wins`), re-held with the same shape and values in column-major storage
-    (`w.t().contiguous().t()`), in `params` too, under every name that shares the weight,
-    and a stacked weight's parts (`fused`) as views of its new storage, so each weight is
-    held once. Besides `linear` only a `take` may read it: a tied lm_head's embedding, whose
-    gather of a token's row reads it strided (576 floats a token for SmolLM2's, against the
-    113 MB the head's sgemv streams). Sums in f32 either way, another order. Returns the
-    replaced weights by name."""
+def column_major_stacks(graphs):
+    """`stack_params`' predicate: a stacked weight only `linear` reads, where it wins."""
     uses = _param_uses(graphs)
-    fused = fused or {}
+
+    def wins(name, like, rows):
+        return uses.get(name) == {("linear", 1)} and _column_major_wins(like, rows, like.shape[1])
+
+    return wins
+
+
+def column_major_linears(graphs, weights: dict, params: dict, tied: bool = True) -> dict:
+    """The other f32 CPU weights that `linear` reads and that read faster column-major
+    (`_column_major_wins`; stacked ones are written so by `stack_params`), re-held with the
+    same shape and values in column-major storage (`w.t().contiguous().t()`), in `params`
+    too under every name that shares the weight, so each is held once. Besides `linear`
+    only a `take` may read it: a tied lm_head's embedding, whose gather of a token's row
+    reads it strided (576 floats a token for SmolLM2's, against the 113 MB the head's
+    sgemv streams); `tied=False` leaves those (a tensor-parallel rank: the copy of its
+    share of the head added that much again to its load's peak). Sums in f32 either way,
+    another order. Returns the replaced weights by name."""
+    uses = _param_uses(graphs)
+    readers = {("linear", 1), ("take", 0)} if tied else {("linear", 1)}
     out = {}
     for name, used in uses.items():
         w = weights.get(name)
-        if ("linear", 1) not in used or not used <= {("linear", 1), ("take", 0)}:
+        if ("linear", 1) not in used or not used <= readers:
             continue
-        if type(w) is not torch.Tensor or not _column_major_wins(w):
+        if type(w) is not torch.Tensor or w.dim() != 2 or not w.is_contiguous():
             continue
-        sharing = [n for n, p in params.items() if p is w] or [name]  # a stacked one: none
+        if not _column_major_wins(w, *w.shape):
+            continue
         moved = w.t().contiguous().t()
+        sharing = [n for n, p in params.items() if p is w] or [name]
         out.update({n: moved for n in sharing})
-        if name in fused:
-            _view_parts(moved, fused[name], params)
-            out.update({p: params[p] for p in fused[name]})
-        else:
-            params.update({n: moved for n in sharing})
+        params.update({n: moved for n in sharing if n in params})
     return out
 
 
@@ -149,10 +166,13 @@ def _param_uses(graphs) -> dict[str, set]:
     return uses
 
 
-def _view_parts(whole: torch.Tensor, parts: list[str], params: dict) -> None:
+def _view_parts(whole: torch.Tensor, parts: list[str], params: dict, fill=False) -> None:
+    """Each part in `params` becomes its rows of `whole` (`fill`: copied in first)."""
     lo = 0
     for p in parts:
         rows = params[p].shape[0]
+        if fill:
+            whole[lo : lo + rows].copy_(params[p])
         params[p] = whole[lo : lo + rows]
         lo += rows
 
@@ -163,7 +183,10 @@ class GeneratedRunner:
     cache write is one slice of one part; under torch.compile a write into one tensor of
     the whole cache made Inductor copy all of it on every step (47 MB for SmolLM2)."""
 
-    def __init__(self, program: Program, params, device, numerics, compiled=False, outlined=None):
+    def __init__(
+        self, program: Program, params, device, numerics, compiled=False, outlined=None,
+        tied_column_major=True,
+    ):  # fmt: skip
         graphs, fused = lower_entries(program, fuse=True)
         self.state_types = state_types(graphs)  # what the model holds: whole states
         self.graphs, self.parts = split_entry_states(graphs)
@@ -172,8 +195,10 @@ class GeneratedRunner:
         emitter = emit_outlined if (compiled if outlined is None else outlined) else None
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
-        weights = {**params, **stack_params(params, fused)}
-        weights.update(column_major_linears(self.graphs.values(), weights, params, fused))
+        stacks = stack_params(params, fused, column_major_stacks(self.graphs.values()))
+        weights = {**params, **stacks}
+        moved = column_major_linears(self.graphs.values(), weights, params, tied_column_major)
+        weights.update(moved)
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
@@ -239,7 +264,8 @@ def compile_entries(module, methods: dict) -> dict:
     return compiled
 
 
-def make_runner(mode: str, program: Program, params, device, numerics):
+def make_runner(mode: str, program: Program, params, device, numerics, whole=True):
+    """`whole=False`: a tensor-parallel rank's share (see `column_major_linears`)."""
     if mode not in MODES:
         raise LinnetError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
     if numerics not in NUMERICS:
@@ -250,4 +276,5 @@ def make_runner(mode: str, program: Program, params, device, numerics):
         return CudaGraphRunner(program, params, device, numerics)
     if mode == "interpret":
         return InterpretedRunner(program, params, device, numerics)
-    return GeneratedRunner(program, params, device, numerics, compiled=mode == "compile")
+    compiled = mode == "compile"
+    return GeneratedRunner(program, params, device, numerics, compiled, tied_column_major=whole)
