@@ -91,7 +91,13 @@ def stack_params(params: dict, fused: dict, column_major=None) -> dict:
     for name, parts in fused.items():
         like = params[parts[0]]
         rows = sum(params[p].shape[0] for p in parts)
-        if column_major is not None and like.dim() == 2 and column_major(name, like, rows):
+        plain = all(type(params[p]) is torch.Tensor for p in parts)  # not packed, not MXFP4
+        if (
+            column_major is not None
+            and plain
+            and like.dim() == 2
+            and column_major(name, like, rows)
+        ):
             whole = torch.empty(like.shape[1], rows, dtype=like.dtype, device=like.device).t()
             _view_parts(whole, parts, params, fill=True)
         else:
