@@ -27,9 +27,8 @@ def load_tokenizer(folder: Path, gguf_file: str | None = None):
     refuse_remote_code(folder)
     check_json_companions(folder)
     try:
-        return _tokenizer_class(Path(folder), gguf_file).from_pretrained(
-            folder, gguf_file=gguf_file, trust_remote_code=False
-        )
+        cls = _tokenizer_class(Path(folder), gguf_file)
+        return cls.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - any failure on a user's files is named, not raised
         why = str(err).strip().splitlines()[0].rstrip(" :") if str(err).strip() else repr(err)
         where = f"{folder}/{gguf_file}" if gguf_file else str(folder)

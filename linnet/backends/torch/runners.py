@@ -122,9 +122,9 @@ def _column_major_wins(like: torch.Tensor, rows: int, cols: int) -> bool:
     return rows >= COLUMN_MAJOR_MIN_ROWS or (rows > cols and rows * cols >= COLUMN_MAJOR_MIN_TALL)
 
 
-def column_major_stacks(graphs):
-    """`stack_params`' predicate: a stacked weight only `linear` reads, where it wins."""
-    uses = _param_uses(graphs)
+def column_major_stacks(uses: dict):
+    """`stack_params`' predicate: a stacked weight only `linear` reads (`uses`, from
+    `param_uses`), where it wins."""
 
     def wins(name, like, rows):
         return uses.get(name) == {("linear", 1)} and _column_major_wins(like, rows, like.shape[1])
@@ -132,7 +132,7 @@ def column_major_stacks(graphs):
     return wins
 
 
-def column_major_linears(graphs, weights: dict, params: dict, tied: bool = True) -> dict:
+def column_major_linears(uses: dict, weights: dict, params: dict, tied: bool = True) -> dict:
     """The other f32 CPU weights that `linear` reads and that read faster column-major
     (`_column_major_wins`; stacked ones are written so by `stack_params`), re-held with the
     same shape and values in column-major storage (`w.t().contiguous().t()`), in `params`
@@ -142,7 +142,6 @@ def column_major_linears(graphs, weights: dict, params: dict, tied: bool = True)
     sgemv streams); `tied=False` leaves those (a tensor-parallel rank: the copy of its
     share of the head added that much again to its load's peak). Sums in f32 either way,
     another order. Returns the replaced weights by name."""
-    uses = _param_uses(graphs)
     readers = {("linear", 1), ("take", 0)} if tied else {("linear", 1)}
     out = {}
     for name, used in uses.items():
@@ -160,7 +159,7 @@ def column_major_linears(graphs, weights: dict, params: dict, tied: bool = True)
     return out
 
 
-def _param_uses(graphs) -> dict[str, set]:
+def param_uses(graphs) -> dict[str, set]:
     """Each param's readers as (op, input index) pairs, over all the entries' graphs."""
     uses: dict[str, set] = {}
     for graph in graphs:
@@ -201,9 +200,10 @@ class GeneratedRunner:
         emitter = emit_outlined if (compiled if outlined is None else outlined) else None
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
-        stacks = stack_params(params, fused, column_major_stacks(self.graphs.values()))
+        uses = param_uses(self.graphs.values())  # each param's readers, walked once
+        stacks = stack_params(params, fused, column_major_stacks(uses))
         weights = {**params, **stacks}
-        moved = column_major_linears(self.graphs.values(), weights, params, tied_column_major)
+        moved = column_major_linears(uses, weights, params, tied_column_major)
         weights.update(moved)
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
