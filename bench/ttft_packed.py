@@ -1,47 +1,121 @@
 #!/usr/bin/env python
-"""TTFT for a 512-token prompt, one thread, CPU time, interleaved rounds: Linnet generated/fast
-(q8_0 packed: the prefill takes the blocked PyTorch path above 64 rows) vs llama.cpp, same GGUF.
+"""Time to first token of a long prompt (512 tokens by default), Linnet against llama.cpp on
+the same GGUF file, rounds interleaved in one process.
 
-    python bench/ttft_packed.py MODEL.gguf q8_0 ROUNDS
+    python bench/ttft_packed.py --dtypes q8_0,q4_k,f32 --rounds 3
+
+Linnet: `mode="generated"`, `numerics="fast"`, the GGUF loaded as `dtype` (packed types stay
+packed: a prompt above the packed kernels' 64 rows takes the blocked path, a block of rows
+dequantized into a reused buffer and multiplied by MKL's f32 GEMM); bf16 loads the HF folder
+in bf16, as bench/packed_decode.py does. llama.cpp: llama-cpp-python, `n_batch` = the prompt,
+the same threads. What is timed is one prompt pass from an empty cache to the logits of its
+last position (the first token's), after one untimed pass each. `--threads 1` times CPU time
+(`time.process_time`), more threads the wall clock. Writes the machine (CPU flags, load
+before and after) with the figures to bench/results/checks/ttft_packed.json.
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import llama_cpp
-import torch
-
-import linnet.torch as lt
-
-torch.set_num_threads(1)
-gguf = sys.argv[1]
-dtype = sys.argv[2]
-rounds = int(sys.argv[3])
-model = lt.load(gguf, dtype=dtype, mode="generated", numerics="fast")
-llm = llama_cpp.Llama(gguf, n_ctx=1024, n_threads=1, n_threads_batch=1, n_batch=512, verbose=False)
-ids = torch.randint(0, 49152, (1, 512), generator=torch.Generator().manual_seed(0))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.common import machine, provenance, versions  # noqa: E402
+from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
 
 
-def lin():
-    model.reset()
-    t = time.process_time()
-    model.decode(ids, 0)
-    return time.process_time() - t
+def linnet_prompt(path: Path, dtype: str):
+    import linnet.torch as lt
+
+    model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
+
+    def run(ids, clock):
+        model.reset()
+        t0 = clock()
+        model.decode(ids, 0)
+        return clock() - t0
+
+    return run
 
 
-def cpp():
-    llm.reset()
-    t = time.process_time()
-    llm.eval(ids[0].tolist())
-    return time.process_time() - t
+def llamacpp_prompt(gguf: Path, threads: int, tokens: int):
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(gguf),
+        n_ctx=max(512, 2 * tokens),
+        n_batch=tokens,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+
+    def run(ids, clock):
+        llm.reset()
+        t0 = clock()
+        llm.eval(ids[0].tolist())
+        return clock() - t0
+
+    return run
 
 
-lin()
-cpp()
-res = {"linnet": [], "llama.cpp": []}
-for _ in range(rounds):
-    res["linnet"].append(lin())
-    res["llama.cpp"].append(cpp())
-print(json.dumps({k: {"median_s": statistics.median(v), "rounds": v} for k, v in res.items()}))
+def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
+    import torch
+
+    ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    runs = {
+        "linnet": linnet_prompt(Path(ckpt) if dtype == "bf16" else gguf, dtype),
+        "llama.cpp": llamacpp_prompt(gguf, args.threads, args.prompt),
+    }
+    for run in runs.values():
+        run(ids, clock)  # untimed: buffers, the kernels' first build, page faults
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            times[name].append(run(ids, clock))
+    return {name: {"seconds": statistics.median(t), "rounds": t} for name, t in times.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtypes", default="q8_0,q4_k,f32")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--out", type=Path, default=RESULTS / "checks" / "ttft_packed.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    ckpt = checkpoint_for(args.model)
+    gguf_dir = RESULTS / "gguf" / Path(ckpt).name
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    dtypes = args.dtypes.split(",")
+    export_ggufs(ckpt, dtypes, gguf_dir)
+    report = {"machine": machine(), "provenance": provenance(), "args": vars(args) | {"out": ""}}
+    report["versions"] = versions(("torch", "llama_cpp", "linnet"))
+    report["clock"] = clock.__name__
+    for dtype in dtypes:
+        rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
+        speed = rows["llama.cpp"]["seconds"] / rows["linnet"]["seconds"]
+        rows["linnet_vs_llama_cpp"] = speed
+        report.setdefault("results", {})[dtype] = rows
+        print(
+            f"{dtype:<5} {args.prompt}-token prompt: Linnet {rows['linnet']['seconds']:.2f} s, "
+            f"llama.cpp {rows['llama.cpp']['seconds']:.2f} s  ({speed:.2f}x llama.cpp)"
+        )
+    report["machine_after"] = machine()
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
