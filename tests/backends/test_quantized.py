@@ -204,6 +204,30 @@ def test_int8_activations_only_under_fast_numerics(numerics, monkeypatch):
         _assert_within_bound(F.linear(x, fused), x, _gguf_dequantized(raw, "q8_0", w.shape))
 
 
+def test_q4_0_offsets_follow_from_the_scales(monkeypatch):
+    """On the AVX2 integer kernel a q4_0 weight is passed without its offsets (each is
+    -8 * scale, a power-of-two multiple, so deriving them changes no bit) and the result
+    equals the op's with the stored offsets; the VNNI kernel keeps reading them."""
+    _require_kernels()
+    op = kernels.int8x_linear_op()
+    if op is None:
+        pytest.skip("no integer kernel on this CPU (neither AVX512-VNNI nor AVX2 with FMA)")
+    w, _ = _packed("q4_0", rows=37, cols=576)
+    assert torch.equal(w.offset, -8 * w.scale)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(1))
+    passed = []
+    monkeypatch.setattr(
+        kernels, "int8x_linear_op", lambda: lambda *a: passed.append(a[3]) or op(*a)
+    )
+    quantized.allow_int8_activations({"w": w}, "fast")
+    got = F.linear(x, w)
+    if not kernels.int8x_q4_0_scales_only():
+        assert passed[0] is w.offset
+        return
+    assert passed == [None]
+    assert torch.equal(got, op(x, w.codes, w.scale, w.offset))
+
+
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
 @pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
 def test_pytorch_path_in_blocks_of_rows(kind, cols, chunk, monkeypatch):

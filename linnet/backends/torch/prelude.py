@@ -40,12 +40,13 @@ _LOWP_GEMV_ROWS = 8  # at most this many rows: Linnet's bf16 GEMV where it runs
 try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch's linear
     from linnet.backends.torch import kernels as _kernels
     from linnet.backends.torch.quantized import PackedWeight as _Packed
+    from linnet.backends.torch.quantized import decode_linear as _decode_linear
     from linnet.backends.torch.quantized import packed_linear as _packed_linear
     from linnet.backends.torch.step_kernels import decode_attention as _decode_attention
     from linnet.backends.torch.step_kernels import ops_for as _step_ops
     from linnet.backends.torch.step_kernels import rows_attention as _rows_attention
 except ImportError:
-    _kernels = _Packed = _packed_linear = None
+    _kernels = _Packed = _packed_linear = _decode_linear = None
     _step_ops = _decode_attention = _rows_attention = lambda *args: None
 
 
@@ -79,7 +80,8 @@ def linear_fast(x, w, b=None):
     handler lookup and subclass guard cost ~5 us a call: 121 calls a SmolLM2 step).
     While torch.compile traces, F.linear: the subclass hop, as dynamo knows it."""
     if not torch.compiler.is_compiling() and type(w) is _Packed and not w.transposed:
-        return _packed_linear(x, w, b)
+        y = _decode_linear(x, w) if b is None and type(x) is torch.Tensor else None
+        return _packed_linear(x, w, b) if y is None else y
     return F.linear(x, w, b)
 
 

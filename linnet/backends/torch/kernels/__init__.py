@@ -46,6 +46,17 @@ FLAGS = ("-O3", "-march=native")
 _OFF = ("0", "off", "false", "no")
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 _KEY = "LINNET_KERNELS"
+# os.environ's own bytes-keyed store (POSIX CPython: what setenv and monkeypatch write
+# through): the packed linears look the switches up on every call, and os.environ.get
+# costs ~1 us where this costs ~0.1 (121 calls a SmolLM2 step)
+_RAW_ENV = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _switches() -> tuple:
+    """LINNET_KERNELS and LINNET_INT8X as set now (raw values: only compared)."""
+    if _RAW_ENV is not None:
+        return _RAW_ENV.get(b"LINNET_KERNELS"), _RAW_ENV.get(b"LINNET_INT8X")
+    return os.environ.get(_KEY), os.environ.get("LINNET_INT8X")
 
 
 def enabled() -> bool:
@@ -98,7 +109,7 @@ def int8x_linear_op():
     while torch.compile traces (dynamo failed on the cached tuple holding the op)."""
     if torch.compiler.is_compiling():
         return _int8x_op()
-    raw = (os.environ.get(_KEY), os.environ.get("LINNET_INT8X"))
+    raw = _switches()
     seen = _loaded.get("int8x_op")
     if seen is None or seen[0] != raw:
         seen = _loaded["int8x_op"] = (raw, _int8x_op())
@@ -111,14 +122,22 @@ def _int8x_op():
         return None
     if "int8x" not in _loaded:
         _loaded["int8x"] = bool(ops.int8x_native())
+        _loaded["q4_0_scales_only"] = bool(ops.int8x_q4_0_scales_only())
     return ops.packed_linear_int8x if _loaded["int8x"] else None
+
+
+def int8x_q4_0_scales_only() -> bool:
+    """Whether the integer op (once `int8x_linear_op()` returned it) takes q4_0's 4-bit
+    codes without their offsets (each -8 * scale): the AVX2 kernel derives them and reads
+    20 bytes a block instead of 24; the VNNI kernel reads the stored offsets."""
+    return _loaded.get("q4_0_scales_only", False)
 
 
 def step_ops():
     """`load()` for helpers called ~150 times a decode step (decode_ops.cpp's norm, rope
     and attention): the same answer, `load()`'s checks (the CPU's capability among them)
     redone only when LINNET_KERNELS changed."""
-    raw = os.environ.get(_KEY)
+    raw = _switches()[0]
     seen = _loaded.get("step")
     if seen is None or seen[0] != raw:
         seen = _loaded["step"] = (raw, load())

@@ -79,7 +79,7 @@ Quantized quantize_x(const float* x, int64_t batch, int64_t cols) {
 struct Problem {
   const void* codes;
   const float* scale;   // (rows, groups)
-  const float* offset;  // (rows, groups) or null
+  const float* offset;  // (rows, groups); 4-bit codes without it: q4_0, offset = -8 * scale
   float* y;             // (batch, rows)
   int64_t batch, rows, cols;
 };
@@ -168,9 +168,14 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
     }
   }
   for (int r = 0; r < R; ++r)  // the offsets meet x's block sums once per row, not per block
-    for (int b = 0; b < B; ++b)
-      p.y[(b0 + b) * p.rows + r0 + r] =
-          hsum(acc[r][b]) + dot_f32(p.offset + (r0 + r) * groups, x.sums.data() + (b0 + b) * groups, groups);
+    for (int b = 0; b < B; ++b) {
+      const float* sums = x.sums.data() + (b0 + b) * groups;
+      // q4_0 (no offsets): each offset is -8 * scale, so the term is -8 times the scales'
+      // dot product, exactly (a power of two), and the row's offsets are never read
+      const float terms = p.offset != nullptr ? dot_f32(p.offset + (r0 + r) * groups, sums, groups)
+                                              : -8.0f * dot_f32(p.scale + (r0 + r) * groups, sums, groups);
+      p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + terms;
+    }
 }
 
 template <int R, int B>
@@ -206,16 +211,17 @@ void run_rows(const Problem& p, const Quantized& x) {
 
 }  // namespace
 
-// Called by packed_vnni.cpp's op after its checks: x (batch, cols) f32 contiguous.
+// Called by packed_vnni.cpp's op after its checks: x (batch, cols) f32 contiguous; 4-bit
+// codes with a null offset are q4_0's (offsets -8 * scale: 20 bytes read a block, not 24).
 void packed_linear_int8x(const float* x, const void* codes, const float* scale,
                          const float* offset, float* y, int64_t batch, int64_t rows,
-                         int64_t cols) {
+                         int64_t cols, bool four_bit) {
   const Quantized xq = quantize_x(x, batch, cols);
   const Problem p{codes, scale, offset, y, batch, rows, cols};
-  if (offset == nullptr)
-    run_rows<Q8>(p, xq);
-  else
+  if (four_bit)
     run_rows<Q4>(p, xq);
+  else
+    run_rows<Q8>(p, xq);
 }
 
 // x's `blocks` 32-blocks rounded as above (mxfp4_gemv.cpp's int8 path): q (blocks * 32), d.

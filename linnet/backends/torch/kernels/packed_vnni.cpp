@@ -221,13 +221,21 @@ void run(const float* x, const void* codes, const float* scale, const float* off
 namespace linnet_avx2 {  // packed_int8_avx2.cpp
 void packed_linear_int8x(const float* x, const void* codes, const float* scale,
                          const float* offset, float* y, int64_t batch, int64_t rows,
-                         int64_t cols);
+                         int64_t cols, bool four_bit);
 }
 namespace {
 constexpr int64_t kGroup = 32;
-const auto run = linnet_avx2::packed_linear_int8x;
+void run(const float* x, const void* codes, const float* scale, const float* offset, float* y,
+         int64_t batch, int64_t rows, int64_t cols) {
+  linnet_avx2::packed_linear_int8x(x, codes, scale, offset, y, batch, rows, cols, offset != nullptr);
+}
+void run_q4_0(const float* x, const void* codes, const float* scale, float* y, int64_t batch,
+              int64_t rows, int64_t cols) {
+  linnet_avx2::packed_linear_int8x(x, codes, scale, nullptr, y, batch, rows, cols, true);
+}
 }  // namespace
 #define LINNET_INT8X 1
+#define LINNET_Q4_0_SCALES_ONLY 1  // 4-bit codes without offsets are q4_0's
 #endif
 
 namespace {
@@ -249,6 +257,13 @@ at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
   } else {
     TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
     TORCH_CHECK(cols % 64 == 0, "4-bit rows of whole 64-blocks");
+#if LINNET_Q4_0_SCALES_ONLY
+    if (!offset.has_value()) {  // q4_0: its offsets follow from the scales
+      run_q4_0(x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(),
+               y.data_ptr<float>(), batch, rows, cols);
+      return y;
+    }
+#endif
     TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
     TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
     off = offset->data_ptr<float>();
@@ -266,11 +281,21 @@ at::Tensor packed_linear_int8x(const at::Tensor&, const at::Tensor&, const at::T
 }
 bool native() { return false; }
 #endif
+// Whether the op takes 4-bit codes without offsets as q4_0's (the AVX2 kernel; the VNNI
+// one reads stored offsets): the caller then passes none and 4 bytes a block go unread.
+bool q4_0_scales_only() {
+#if LINNET_Q4_0_SCALES_ONLY
+  return true;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("packed_linear_int8x(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
   m.def("int8x_native() -> bool", native);
+  m.def("int8x_q4_0_scales_only() -> bool", q4_0_scales_only);
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("packed_linear_int8x", packed_linear_int8x); }
