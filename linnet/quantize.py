@@ -9,7 +9,7 @@ A GGUF file's q8_0, q4_0 and q4_K tensors are kept as they are stored
 are quantized on load with the GGUF exporter's own quantizers (q8_0 as the gguf package
 does, q4_0 and q4_K from the formats' definitions in `linnet.converters`), so a folder
 loaded at q4_k runs the weights its q4_k export would hold: llama.cpp's fallback for rows
-that are not whole 256-blocks (q5_0, held as q8_0) included. A weight no packed type fits
+that are not whole 256-blocks (q5_0) included. A weight no packed type fits
 stays f32.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from linnet.backends.torch.kernels import int8x_reads_q5_0
 from linnet.backends.torch.quantized import PackedWeight
 from linnet.weights.gguf_packed import PACKED_TYPES, PackedArrays, packed_from_ggml
 
@@ -30,6 +31,11 @@ def packed_dtype(dtype) -> str | None:
 
 
 def to_packed_weight(p: PackedArrays, dtype: torch.dtype, device="cpu") -> PackedWeight:
+    """q5_0 stays 5-bit where the integer kernel reads it (`kernels.int8x_reads_q5_0`:
+    24 bytes a block), else goes to q8_0's layout (36) for the kernels that read that."""
+    if p.kind == "q5_0" and not (torch.device(device).type == "cpu" and int8x_reads_q5_0()):
+        p = p.as_q8_0()
+
     def part(a):
         return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
@@ -50,7 +56,7 @@ def ggml_bytes(x: np.ndarray, kind: str) -> np.ndarray:
 def stored_kind(name: str, t: torch.Tensor, kind: str) -> str | None:
     """The ggml type a `kind` export stores weight `name` in, where it is packed: 2-D
     float weights, `kind` where rows are whole blocks, else llama.cpp's fallback (q4_K:
-    q5_0, held as q8_0); None (stays float) for position tables, as llama.cpp keeps
+    q5_0); None (stays float) for position tables, as llama.cpp keeps
     position_embd, and rows no packed type fits."""
     from linnet.converters.gguf_types import fallback
 

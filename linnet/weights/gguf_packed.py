@@ -1,19 +1,22 @@
-"""GGUF q8_0, q4_0, q4_K (and q5_0, as q8_0) tensors kept packed: ggml's block bytes
-unpacked (vectorised numpy, from the formats' definitions) into a layout a weight-only
-quantized linear reads.
+"""GGUF q8_0, q4_0, q4_K and q5_0 tensors kept packed: ggml's block bytes unpacked
+(vectorised numpy, from the formats' definitions) into a layout a weight-only quantized
+linear reads.
 
     p = packed_from_ggml(raw_bytes, "q4_k", (rows, cols))
     p.codes     # q8_0: int8 (rows, cols); 4-bit: uint8 (rows, cols // 2), element i in
                 # the low nibble of byte i and element cols // 2 + i in its high nibble
-                # (unpacking writes two contiguous halves of a row)
+                # (unpacking writes two contiguous halves of a row); q5_0: the same
+                # nibbles, then each row's fifth bits (cols // 8 bytes, element i in bit
+                # i % 8 of byte i // 8): uint8 (rows, cols // 2 + cols // 8)
     p.scale     # f32 (rows, cols // 32): one per 32 elements
-    p.offset    # 4-bit only, f32 (rows, cols // 32): value = scale * code + offset
+    p.offset    # 4/5-bit only, f32 (rows, cols // 32): value = scale * code + offset
     p.dequantize()  # f32 (rows, cols): what ggml's dequantization gives, bit for bit
+    p.as_q8_0()     # q5_0 in q8_0's layout (int8 code - 16): for kernels without q5_0
 
 Every value is scale * code + offset with the scale and offset exactly as ggml computes
-them (q4_0: d and -8 d; q4_K: d * sc and -(dmin * m), products exact in f32), so the
-f32 result of `dequantize` equals the gguf package's. Row transforms (llama.cpp's rope
-permutation, row splits) apply to each part alike (`with_parts`).
+them (q4_0: d and -8 d; q5_0: d and -16 d; q4_K: d * sc and -(dmin * m), products exact
+in f32), so the f32 result of `dequantize` equals the gguf package's. Row transforms
+(llama.cpp's rope permutation, row splits) apply to each part alike (`with_parts`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 PACKED_TYPES = ("q8_0", "q4_0", "q4_k")
 # ggml types a GGUF file's matrices stay packed in: the packed types, and q5_0 (the type
-# llama.cpp's q4_K falls back to for rows that are not whole 256-blocks) held as q8_0
+# llama.cpp's q4_K falls back to for rows that are not whole 256-blocks)
 KEPT_PACKED = (*PACKED_TYPES, "q5_0")
 GROUP = 32  # elements per scale, in every packed type
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_k": 144, "q5_0": 22}
@@ -55,7 +58,21 @@ class PackedArrays:
         """The codes as f32, one per element."""
         if self.kind == "q8_0":
             return self.codes.astype(np.float32)
-        return np.concatenate([self.codes & 0x0F, self.codes >> 4], -1).astype(np.float32)
+        half = self.shape[1] // 2
+        nibbles = self.codes[:, :half]
+        codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], -1)
+        if self.kind == "q5_0":
+            fifth = np.unpackbits(self.codes[:, half:], axis=-1, bitorder="little")
+            codes = codes | (fifth << 4)
+        return codes.astype(np.float32)
+
+    def as_q8_0(self) -> PackedArrays:
+        """A q5_0 weight in q8_0's layout (int8 code - 16, scale d: the same f32 products)
+        for kernels that do not read q5_0; other types as they are."""
+        if self.kind != "q5_0":
+            return self
+        codes = (self.values() - 16).astype(np.int8)
+        return PackedArrays("q8_0", self.shape, codes, self.scale)
 
     def dequantize(self) -> np.ndarray:
         rows, cols = self.shape
@@ -117,15 +134,16 @@ def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
 def _q5_0(blocks: np.ndarray, rows: int, cols: int) -> PackedArrays:
     """q5_0 (d, the 32 codes' fifth bits as a little-endian uint32, 16 bytes of nibbles:
     element j low in byte j, element j + 16 high): value d * (code - 16), code 0..31. Kept
-    as q8_0's layout, int8 code - 16 and scale d (the same f32 product), so the q8_0
-    kernels run it: 1 byte a weight where the file has 5/8 (llama.cpp reads 22 bytes a
-    block, Linnet 36)."""
+    as 4-bit nibbles in the 4-bit layout plus each row's fifth bits in element order, scale
+    d and offset -16 d: 24 bytes a block where the file has 22 (q8_0's layout: 36)."""
     d = _f16(blocks[:, 0:2])
-    fifth = np.unpackbits(blocks[:, 2:6], axis=-1, bitorder="little")  # (n, 32) bit 4
     qs = blocks[:, 6:]
-    low = np.concatenate([qs & 0x0F, qs >> 4], -1)
-    codes = ((low | (fifth << 4)).astype(np.int16) - 16).astype(np.int8).reshape(rows, cols)
-    return PackedArrays("q8_0", (rows, cols), codes, d.reshape(rows, cols // 32))
+    nibbles = _row_halves(qs & 0x0F, qs >> 4, rows)
+    # a block's four bit bytes hold its elements 0..31 in order, blocks in row order
+    fifth = np.ascontiguousarray(blocks[:, 2:6]).reshape(rows, cols // 8)
+    scale = d.reshape(rows, cols // 32)
+    codes = np.concatenate([nibbles, fifth], -1)
+    return PackedArrays("q5_0", (rows, cols), codes, scale, (-16 * scale).astype(np.float32))
 
 
 _UNPACK = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q5_0": _q5_0}

@@ -72,7 +72,7 @@ def weights_from_gguf(
 
 
 def packed_tensor(t):
-    """A GGUF matrix of a packed type (q8_0, q4_0, q4_K; q5_0 as q8_0) unpacked, else None."""
+    """A GGUF matrix of a packed type (q8_0, q4_0, q4_K, q5_0) unpacked, else None."""
     kind = t.tensor_type.name.lower()
     if kind not in KEPT_PACKED or len(t.shape) != 2 or isinstance(t, FusedTensor):
         return None

@@ -250,16 +250,17 @@ def _tiny_q8_decode(folder, ids, hop=False, steps=4, mode="generated"):
 
 
 def test_packed_linears_called_straight(monkeypatch):
-    """`linear_fast` calls a packed weight's linear itself: no `__torch_function__` hop
-    for any linear of the decode, and the logits equal those of the hop bit for bit (the
-    same `packed_linear` either way)."""
+    """`linear_fast` calls a packed weight's kernel itself (`decode_linear`): no
+    `__torch_function__` hop for any linear of the decode, and the logits equal those of
+    the hop bit for bit (the same kernel either way)."""
     from linnet.backends.torch import quantized
 
     folder = build_tiny("llama", "base")
     ids = probe_ids(load_reference(folder).config.vocab_size)[:1]
-    hops, straight = [], []
-    real = quantized.packed_linear
-    monkeypatch.setattr(quantized, "packed_linear", lambda *a: straight.append(1) or real(*a))
+    hops, straight, direct = [], [], []
+    real, first = quantized._kernel_linear, quantized.decode_linear
+    monkeypatch.setattr(quantized, "_kernel_linear", lambda *a: straight.append(1) or real(*a))
+    monkeypatch.setattr(quantized, "decode_linear", lambda *a: direct.append(1) or first(*a))
     for fn in {F.linear, torch._C._nn.linear}:  # one function, as torch is built now
         handler = quantized.PackedWeight.handlers[fn]
         monkeypatch.setitem(
@@ -267,6 +268,7 @@ def test_packed_linears_called_straight(monkeypatch):
         )
     got, logits = _tiny_q8_decode(folder, ids)
     assert straight and not hops  # every linear straight (the embedding's gather aside)
+    assert len(direct) == len(straight)  # each through decode_linear
     straight.clear()
     want, want_logits = _tiny_q8_decode(folder, ids, hop=True)
     assert hops and len(hops) == len(straight)  # each linear through the hop

@@ -31,7 +31,8 @@ from linnet.weights.gguf_packed import packed_from_ggml
 
 KINDS = ("q8_0", "q4_0", "q4_k")
 GGML = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K", "q5_0": "Q5_0"}
-# q5_0 (q4_K's fallback type in llama.cpp) is held in q8_0's layout; 96: an odd 3 groups
+# q5_0 (q4_K's fallback type in llama.cpp): 5-bit where the AVX2 integer kernel runs, else
+# in q8_0's layout (test_q5_0_layouts covers both); 96: an odd 3 groups
 CASES = [(k, 512) for k in (*KINDS, "q5_0")] + [("q8_0", 96), ("q4_0", 96), ("q5_0", 96)]
 IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]])
 
@@ -55,6 +56,29 @@ def test_packed_layout_dequantizes_as_gguf_does(kind, cols):
     torch.testing.assert_close(
         w.dequantize(), _gguf_dequantized(raw, kind, w.shape), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize("cols", [512, 96])
+def test_q5_0_layouts(cols):
+    """q5_0 as 5 bits (nibbles, then each row's fifth bits) and in q8_0's layout: both
+    dequantize to the gguf package's values, every path of both computes the same linear
+    (kernel, f32 kernel, blocked PyTorch path), and the 5-bit one is what a load keeps where
+    the integer kernel reads it."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((37, cols)).astype(np.float32)
+    raw = ggml_bytes(x, "q5_0")
+    five = packed_from_ggml(raw, "q5_0", x.shape)
+    want = _gguf_dequantized(raw, "q5_0", x.shape)
+    assert five.kind == "q5_0" and five.codes.shape == (37, cols // 2 + cols // 8)
+    for p in (five, five.as_q8_0()):
+        torch.testing.assert_close(torch.from_numpy(p.dequantize()), want, rtol=0, atol=0)
+    kept = to_packed_weight(five, torch.float32)
+    assert kept.kind == ("q5_0" if kernels.int8x_reads_q5_0() else "q8_0")
+    w = PackedWeight.build("q5_0", *(torch.from_numpy(a) for a in five.parts()))
+    torch.testing.assert_close(w.dequantize(), want, rtol=0, atol=0)
+    xs = torch.randn(3, cols, generator=torch.Generator().manual_seed(cols))
+    _assert_within_bound(F.linear(xs, w), xs, want)  # the f32 kernel where it runs
+    _assert_within_bound(quantized._blocked_linear(xs, w), xs, want)
 
 
 def _bound(x: torch.Tensor, dense: torch.Tensor, bias=None) -> torch.Tensor:
@@ -143,7 +167,7 @@ def _int8_terms(x: torch.Tensor, dense: torch.Tensor):
 
 
 INT8_CASES = [("q8_0", 512), ("q8_0", 96), ("q8_0", 576), ("q4_0", 512), ("q4_0", 576),
-              ("q4_k", 512), ("q4_k", 1536)]  # fmt: skip
+              ("q4_k", 512), ("q4_k", 1536), ("q5_0", 512), ("q5_0", 576)]  # fmt: skip
 
 
 INT8_BATCHES = [(1,), (3,), (8,), (2, 7), (1, 5)]
@@ -204,16 +228,21 @@ def test_int8_activations_only_under_fast_numerics(numerics, monkeypatch):
         _assert_within_bound(F.linear(x, fused), x, _gguf_dequantized(raw, "q8_0", w.shape))
 
 
-def test_q4_0_offsets_follow_from_the_scales(monkeypatch):
-    """On the AVX2 integer kernel a q4_0 weight is passed without its offsets (each is
-    -8 * scale, a power-of-two multiple, so deriving them changes no bit) and the result
-    equals the op's with the stored offsets; the VNNI kernel keeps reading them."""
+@pytest.mark.parametrize("kind", ["q4_0", "q5_0"])
+def test_offsets_follow_from_the_scales(kind, monkeypatch):
+    """On the AVX2 integer kernel a q4_0 or q5_0 weight is passed without its offsets (-8
+    and -16 times the scale, power-of-two multiples, so deriving them changes no bit) and
+    the result equals the op's with the stored offsets where it takes them (q4_0); the VNNI
+    kernel keeps reading them (and sees q5_0 in q8_0's layout)."""
     _require_kernels()
     op = kernels.int8x_linear_op()
     if op is None:
         pytest.skip("no integer kernel on this CPU (neither AVX512-VNNI nor AVX2 with FMA)")
-    w, _ = _packed("q4_0", rows=37, cols=576)
-    assert torch.equal(w.offset, -8 * w.scale)
+    w, raw = _packed(kind, rows=37, cols=576)
+    if w.kind != kind:  # q5_0 where the integer kernel does not read it
+        assert not kernels.int8x_reads_q5_0() and w.kind == "q8_0"
+        return
+    assert torch.equal(w.offset, {"q4_0": -8, "q5_0": -16}[kind] * w.scale)
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(1))
     passed = []
     monkeypatch.setattr(
@@ -221,11 +250,15 @@ def test_q4_0_offsets_follow_from_the_scales(monkeypatch):
     )
     quantized.allow_int8_activations({"w": w}, "fast")
     got = F.linear(x, w)
-    if not kernels.int8x_q4_0_scales_only():
+    if not kernels.int8x_derived_offsets():
         assert passed[0] is w.offset
         return
     assert passed == [None]
-    assert torch.equal(got, op(x, w.codes, w.scale, w.offset))
+    if kind == "q4_0":
+        assert torch.equal(got, op(x, w.codes, w.scale, w.offset))
+    dense = _gguf_dequantized(raw, kind, w.shape)
+    x_hat, _, f32 = _int8_terms(x, dense)
+    assert ((got.double() - x_hat @ dense.double().t()).abs() <= f32).all()
 
 
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
@@ -357,7 +390,7 @@ def _all_matrices_packed(model) -> None:
 
 # tied: SmolLM2-like, the packed embedding is also the head; hidden 96 is 3 groups (odd)
 # q4_k: 96-wide rows are not whole 256-blocks, so every matrix is q5_0 (llama.cpp's
-# fallback), kept packed as q8_0
+# fallback), kept 5-bit where the integer kernel reads it, else as q8_0
 @pytest.mark.parametrize("variant", ["base", "tied"])
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("mode", ["interpret", "generated"])

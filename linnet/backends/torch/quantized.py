@@ -1,4 +1,4 @@
-"""Weight-only quantized linears: q8_0, q4_0 and q4_K weights kept packed.
+"""Weight-only quantized linears: q8_0, q4_0, q4_K and q5_0 weights kept packed.
 
     w = PackedWeight.build("q4_k", codes, scale, offset, dtype=torch.float32)
     F.linear(x, w)          # runs `packed_linear`: never the whole f32 weight at once
@@ -6,7 +6,8 @@
 
 A `PackedWeight` is a tensor subclass with the logical shape (rows, cols) and the model's
 dtype, holding int8 codes (q8_0) or two 4-bit codes per byte (the low nibbles a row's
-first half, the high ones its second), and one f32 scale (and offset) per 32 elements.
+first half, the high ones its second; q5_0 then each row's fifth bits), and one f32 scale
+(and offset) per 32 elements.
 It goes wherever a param goes
 (the interpreter's folded transpose, `load_state_dict`, `fuse_linears`' stacking), and
 `__torch_function__` answers what a weight meets: `F.linear` and `matmul` against its
@@ -33,6 +34,7 @@ from linnet.backends.torch import kernels
 from linnet.backends.torch.packed_tensor import PackedTensor, device_and_dtype
 
 GROUP = 32  # elements per scale
+_DERIVED_OFFSETS = ("q4_0", "q5_0")  # offsets -8 and -16 times the scale
 KERNEL_MAX_ROWS = 64  # batches above this take the dequantize-then-GEMM path (MKL)
 _CHUNK = 1 << 18  # weight elements dequantized at a time: 1 MB of f32, L2-sized
 _buffers: dict = {}  # (device, dtype, elements) -> reused scratch
@@ -90,7 +92,10 @@ class PackedWeight(PackedTensor):
         n, groups = hi - lo, self.cols // GROUP
         out = torch.empty(n, self.cols, device=self.codes.device) if out is None else out
         codes, scale = self.codes[lo:hi], self.scale[lo:hi, :, None]
-        if self.kind == "q8_0":
+        if self.kind == "q5_0":
+            codes = self._q5_codes(codes)
+            torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
+        elif self.kind == "q8_0":
             torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
         elif groups % 2 == 0:  # each row's low nibbles are its first half of groups
             tmp = _scratch(codes.numel(), codes.device, torch.uint8)[: codes.numel()]
@@ -107,6 +112,14 @@ class PackedWeight(PackedTensor):
         if offset and self.offset is not None:
             out.view(n, groups, GROUP).add_(self.offset[lo:hi, :, None])
         return out
+
+    def _q5_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """q5_0 rows (nibbles, then fifth bits in element order) as uint8 codes 0..31."""
+        half = self.cols // 2
+        nibbles, plane = codes[:, :half], codes[:, half:]
+        bits = (plane[:, :, None] >> torch.arange(8, dtype=torch.uint8, device=codes.device)) & 1
+        low = torch.cat([nibbles & 0x0F, nibbles >> 4], 1)
+        return low | (bits.reshape(len(codes), self.cols) << 4)
 
     def dequantize(self) -> torch.Tensor:
         """The whole weight in f32 (the reference decomposition's weight)."""
@@ -175,8 +188,8 @@ def _kernel_linear(x: torch.Tensor, w: PackedWeight):
     if w.int8_x and (w.offset is None or w.cols % 64 == 0):
         int8x = kernels.int8x_linear_op()
         if int8x is not None:
-            skip = w.kind == "q4_0" and kernels.int8x_q4_0_scales_only()
-            return int8x(x, w.codes, w.scale, None if skip else w.offset)
+            derived = w.kind in _DERIVED_OFFSETS and kernels.int8x_derived_offsets()
+            return int8x(x, w.codes, w.scale, None if derived else w.offset)
     ops = kernels.load()
     return None if ops is None else ops.packed_linear(x, w.codes, w.scale, w.offset)
 

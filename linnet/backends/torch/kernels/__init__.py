@@ -122,15 +122,27 @@ def _int8x_op():
         return None
     if "int8x" not in _loaded:
         _loaded["int8x"] = bool(ops.int8x_native())
-        _loaded["q4_0_scales_only"] = bool(ops.int8x_q4_0_scales_only())
     return ops.packed_linear_int8x if _loaded["int8x"] else None
 
 
-def int8x_q4_0_scales_only() -> bool:
-    """Whether the integer op (once `int8x_linear_op()` returned it) takes q4_0's 4-bit
-    codes without their offsets (each -8 * scale): the AVX2 kernel derives them and reads
-    20 bytes a block instead of 24; the VNNI kernel reads the stored offsets."""
-    return _loaded.get("q4_0_scales_only", False)
+def int8x_derived_offsets() -> bool:
+    """Whether the integer op takes q4_0 and q5_0 codes without their offsets (-8 and -16
+    times the scale): the AVX2 kernel derives them (q4_0: 20 bytes read a block, not 24)
+    and reads q5_0; the VNNI kernel reads stored offsets and no q5_0. False where the
+    kernels do not load."""
+    if "derived" not in _loaded:
+        ops = load()
+        if ops is None:
+            return False
+        _loaded["derived"] = bool(ops.int8x_derived_offsets())
+    return _loaded["derived"]
+
+
+def int8x_reads_q5_0() -> bool:
+    """Whether a q5_0 weight stays 5-bit here (`linnet.quantize.to_packed_weight`): the
+    kernels load and their integer op is the AVX2 one (the f32 kernel and the PyTorch path
+    read q5_0 everywhere); elsewhere it takes q8_0's layout, which every kernel reads."""
+    return int8x_derived_offsets()
 
 
 def step_ops():

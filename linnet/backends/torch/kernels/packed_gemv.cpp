@@ -8,7 +8,8 @@
 // multiplied by x in f32 and summed in f32: the reference's products, another summation
 // order. Layouts (linnet/weights/gguf_packed.py): q8_0 codes int8 (rows, cols); 4-bit
 // codes uint8 (rows, cols / 2), element k < cols / 2 in the low nibble of byte k and
-// element cols / 2 + k in its high nibble; scale and offset f32 (rows, cols / 32).
+// element cols / 2 + k in its high nibble (q5_0: then the row's fifth bits, cols / 8
+// bytes); scale and offset f32 (rows, cols / 32).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
@@ -35,6 +36,7 @@ inline V load(const float* p) { return _mm512_loadu_ps(p); }
 inline V bcast(float v) { return _mm512_set1_ps(v); }
 inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V add(V a, V b) { return _mm512_add_ps(a, b); }
 inline float hsum(V a) { return _mm512_reduce_add_ps(a); }
 inline V i8_chunk(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
@@ -55,6 +57,7 @@ inline V fma(V a, V b, V c) {
   return V{_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
 }
 inline V mul(V a, V b) { return V{_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
+inline V add(V a, V b) { return V{_mm256_add_ps(a.a, b.a), _mm256_add_ps(a.b, b.b)}; }
 inline float hsum(V v) {
   const __m256 s = _mm256_add_ps(v.a, v.b);
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -97,6 +100,10 @@ inline V mul(V a, V b) {
   for (int i = 0; i < 16; ++i) a.v[i] *= b.v[i];
   return a;
 }
+inline V add(V a, V b) {
+  for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
+  return a;
+}
 inline float hsum(V a) {
   float s = 0;
   for (int i = 0; i < 16; ++i) s += a.v[i];
@@ -114,6 +121,15 @@ inline void u4_chunk(const uint8_t* p, V& lo, V& hi) {
   }
 }
 #endif
+
+// q5_0's fifth bits of elements k..k+15 (k a multiple of 16) of a row's bit plane
+// (element i in bit i % 8 of byte i / 8) as 16.0 where set, else 0.0
+inline V fifth16(const uint8_t* plane, int64_t k) {
+  const unsigned bits = plane[k / 8] | (unsigned(plane[k / 8 + 1]) << 8);
+  alignas(64) float v[16];
+  for (int i = 0; i < 16; ++i) v[i] = (bits >> i) & 1u ? 16.0f : 0.0f;
+  return load(v);
+}
 
 struct Problem {
   const float* x;  // (batch, cols)
@@ -150,18 +166,20 @@ void q8_tile(const Problem& p, int64_t r0, int64_t b0) {
     for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
 }
 
-// The same for 4-bit codes: 16 bytes give 16 weights of each half of the row.
-template <int R, int B>
+// The same for 4-bit codes: 16 bytes give 16 weights of each half of the row. Five:
+// q5_0, each row's nibbles followed by its fifth bits (cols / 8 bytes), codes 0..31.
+template <int R, int B, bool Five>
 void q4_tile(const Problem& p, int64_t r0, int64_t b0) {
   V acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = zero();
   const int64_t groups = p.cols / kGroup, half = p.cols / 2;
+  const int64_t stride = Five ? half + p.cols / 8 : half;  // bytes a row
   const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
   for (int64_t j = 0; j < half; j += 16) {
     const int64_t g_lo = j / kGroup, g_hi = (half + j) / kGroup;
     if (j % 64 == 0)
-      for (int r = 0; r < R; ++r) __builtin_prefetch(codes + (r0 + r) * half + j + 1024);
+      for (int r = 0; r < R; ++r) __builtin_prefetch(codes + (r0 + r) * stride + j + 1024);
     V x_lo[B], x_hi[B];
     for (int b = 0; b < B; ++b) {
       x_lo[b] = load(p.x + (b0 + b) * p.cols + j);
@@ -172,7 +190,11 @@ void q4_tile(const Problem& p, int64_t r0, int64_t b0) {
       const float* s = p.scale + row * groups;
       const float* o = p.offset + row * groups;
       V lo, hi;
-      u4_chunk(codes + row * half + j, lo, hi);
+      u4_chunk(codes + row * stride + j, lo, hi);
+      if (Five) {  // code + 16 * bit: exact in f32, as the reference's codes are
+        lo = add(lo, fifth16(codes + row * stride + half, j));
+        hi = add(hi, fifth16(codes + row * stride + half, half + j));
+      }
       V w_lo = fma(lo, bcast(s[g_lo]), bcast(o[g_lo]));
       V w_hi = fma(hi, bcast(s[g_hi]), bcast(o[g_hi]));
       for (int b = 0; b < B; ++b) acc[r][b] = fma(w_hi, x_hi[b], fma(w_lo, x_lo[b], acc[r][b]));
@@ -200,7 +222,11 @@ struct Q8 {
 };
 template <int R, int B>
 struct Q4 {
-  static void run(const Problem& p, int64_t r0, int64_t b0) { q4_tile<R, B>(p, r0, b0); }
+  static void run(const Problem& p, int64_t r0, int64_t b0) { q4_tile<R, B, false>(p, r0, b0); }
+};
+template <int R, int B>
+struct Q5 {
+  static void run(const Problem& p, int64_t r0, int64_t b0) { q4_tile<R, B, true>(p, r0, b0); }
 };
 
 template <template <int, int> class Tile>
@@ -231,11 +257,16 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& codes, const at:
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
     run_rows<Q8>(p);
   } else {
-    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
+    const bool five = codes.size(1) == cols / 2 + cols / 8 && cols % 16 == 0;  // q5_0
+    TORCH_CHECK(codes.scalar_type() == at::kByte && (five || codes.size(1) * 2 == cols),
+                "4/5-bit codes");
     TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
     TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
     p.offset = offset->data_ptr<float>();
-    run_rows<Q4>(p);
+    if (five)
+      run_rows<Q5>(p);
+    else
+      run_rows<Q4>(p);
   }
   return y;
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -133,14 +134,30 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
     for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
 }
 
+// 32 bits (element i in bit i) as 32 bytes: 16 where the bit is set, else 0 (q5_0's
+// fifth bits, added to the nibbles). Each byte picks its bit's byte, then tests its bit.
+inline __m256i fifth_bits(const uint8_t* at) {
+  uint32_t bits;
+  std::memcpy(&bits, at, 4);
+  const __m256i word = _mm256_set1_epi32(int(bits));  // shuffles stay in 128-bit lanes:
+  const __m256i spread = _mm256_shuffle_epi8(            // both lanes hold the word
+      word, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i select = _mm256_set1_epi64x(0x8040201008040201LL);  // byte k: bit k % 8
+  const __m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_and_si256(hit, _mm256_set1_epi8(16));
+}
+
 // 4-bit codes: 32 bytes hold a block of the row's first half (low nibbles) and the
-// block at the same place in its second half (high nibbles).
-template <int R, int B>
+// block at the same place in its second half (high nibbles). Five: q5_0, each row's
+// nibbles followed by its fifth bits (cols / 8 bytes in element order), codes 0..31.
+template <int R, int B, bool Five>
 void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
   __m256 acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
   const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
+  const int64_t stride = Five ? half + p.cols / 8 : half;  // bytes a row
   const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 2
@@ -151,13 +168,17 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
       xl[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + k));
       xh[b] = _mm256_loadu_si256((const __m256i*)(x.q.data() + (b0 + b) * p.cols + half + k));
     }
-    const uint8_t* ahead = codes + r0 * half + g * R * kGroup + kAhead;
+    const uint8_t* ahead = codes + r0 * stride + g * R * kGroup + kAhead;
     for (int j = 0; j < R * kGroup; j += 64) __builtin_prefetch(ahead + j);
     for (int r = 0; r < R; ++r) {
-      const uint8_t* row = codes + (r0 + r) * half;
+      const uint8_t* row = codes + (r0 + r) * stride;
       const __m256i c = _mm256_loadu_si256((const __m256i*)(row + k));
-      const __m256i lo = _mm256_and_si256(c, nibble);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble);
+      __m256i lo = _mm256_and_si256(c, nibble);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble);
+      if (Five) {  // elements k.. and half + k.. have their bits at bytes k / 8, (half + k) / 8
+        lo = _mm256_or_si256(lo, fifth_bits(row + half + k / 8));
+        hi = _mm256_or_si256(hi, fifth_bits(row + half + (half + k) / 8));
+      }
       const float* s = p.scale + (r0 + r) * groups;
       for (int b = 0; b < B; ++b) {
         const float* d = x.d.data() + (b0 + b) * groups;
@@ -170,10 +191,11 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
   for (int r = 0; r < R; ++r)  // the offsets meet x's block sums once per row, not per block
     for (int b = 0; b < B; ++b) {
       const float* sums = x.sums.data() + (b0 + b) * groups;
-      // q4_0 (no offsets): each offset is -8 * scale, so the term is -8 times the scales'
-      // dot product, exactly (a power of two), and the row's offsets are never read
+      // q4_0 / q5_0 (no offsets): each offset is -8 / -16 times the scale, so the term is
+      // that times the scales' dot product, exactly (a power of two): offsets never read
       const float terms = p.offset != nullptr ? dot_f32(p.offset + (r0 + r) * groups, sums, groups)
-                                              : -8.0f * dot_f32(p.scale + (r0 + r) * groups, sums, groups);
+                                              : (Five ? -16.0f : -8.0f) *
+                                                    dot_f32(p.scale + (r0 + r) * groups, sums, groups);
       p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + terms;
     }
 }
@@ -187,7 +209,13 @@ struct Q8 {
 template <int R, int B>
 struct Q4 {
   static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
-    q4_tile<R, B>(p, x, r0, b0);
+    q4_tile<R, B, false>(p, x, r0, b0);
+  }
+};
+template <int R, int B>
+struct Q5 {
+  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+    q4_tile<R, B, true>(p, x, r0, b0);
   }
 };
 
@@ -211,14 +239,17 @@ void run_rows(const Problem& p, const Quantized& x) {
 
 }  // namespace
 
-// Called by packed_vnni.cpp's op after its checks: x (batch, cols) f32 contiguous; 4-bit
-// codes with a null offset are q4_0's (offsets -8 * scale: 20 bytes read a block, not 24).
+// Called by packed_vnni.cpp's op after its checks: x (batch, cols) f32 contiguous;
+// code_bits 8 (q8_0), 4 or 5 (q5_0, no offsets). 4-bit codes with a null offset are q4_0's
+// (offsets -8 * scale: 20 bytes read a block, not 24); q5_0 reads 24 (36 as q8_0).
 void packed_linear_int8x(const float* x, const void* codes, const float* scale,
                          const float* offset, float* y, int64_t batch, int64_t rows,
-                         int64_t cols, bool four_bit) {
+                         int64_t cols, int code_bits) {
   const Quantized xq = quantize_x(x, batch, cols);
   const Problem p{codes, scale, offset, y, batch, rows, cols};
-  if (four_bit)
+  if (code_bits == 5)
+    run_rows<Q5>(p, xq);
+  else if (code_bits == 4)
     run_rows<Q4>(p, xq);
   else
     run_rows<Q8>(p, xq);

@@ -221,21 +221,23 @@ void run(const float* x, const void* codes, const float* scale, const float* off
 namespace linnet_avx2 {  // packed_int8_avx2.cpp
 void packed_linear_int8x(const float* x, const void* codes, const float* scale,
                          const float* offset, float* y, int64_t batch, int64_t rows,
-                         int64_t cols, bool four_bit);
+                         int64_t cols, int code_bits);
 }
 namespace {
 constexpr int64_t kGroup = 32;
 void run(const float* x, const void* codes, const float* scale, const float* offset, float* y,
          int64_t batch, int64_t rows, int64_t cols) {
-  linnet_avx2::packed_linear_int8x(x, codes, scale, offset, y, batch, rows, cols, offset != nullptr);
+  linnet_avx2::packed_linear_int8x(x, codes, scale, offset, y, batch, rows, cols,
+                                   offset != nullptr ? 4 : 8);
 }
-void run_q4_0(const float* x, const void* codes, const float* scale, float* y, int64_t batch,
-              int64_t rows, int64_t cols) {
-  linnet_avx2::packed_linear_int8x(x, codes, scale, nullptr, y, batch, rows, cols, true);
+// q4_0 / q5_0 without offsets (derived from the scales)
+void run_derived(const float* x, const void* codes, const float* scale, float* y, int64_t batch,
+                 int64_t rows, int64_t cols, int code_bits) {
+  linnet_avx2::packed_linear_int8x(x, codes, scale, nullptr, y, batch, rows, cols, code_bits);
 }
 }  // namespace
 #define LINNET_INT8X 1
-#define LINNET_Q4_0_SCALES_ONLY 1  // 4-bit codes without offsets are q4_0's
+#define LINNET_DERIVED_OFFSETS 1  // q4_0 and q5_0 codes come without offsets
 #endif
 
 namespace {
@@ -255,15 +257,19 @@ at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
   if (codes.scalar_type() == at::kChar) {
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
   } else {
-    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.size(1) * 2 == cols, "4-bit codes");
+    TORCH_CHECK(codes.scalar_type() == at::kByte, "4/5-bit codes");
     TORCH_CHECK(cols % 64 == 0, "4-bit rows of whole 64-blocks");
-#if LINNET_Q4_0_SCALES_ONLY
-    if (!offset.has_value()) {  // q4_0: its offsets follow from the scales
-      run_q4_0(x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(),
-               y.data_ptr<float>(), batch, rows, cols);
+#if LINNET_DERIVED_OFFSETS
+    const bool five = codes.size(1) == cols / 2 + cols / 8;  // q5_0: nibbles, fifth bits
+    TORCH_CHECK(five || codes.size(1) * 2 == cols, "4/5-bit codes");
+    if (!offset.has_value()) {  // q4_0, q5_0: their offsets follow from the scales
+      run_derived(x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(),
+                  y.data_ptr<float>(), batch, rows, cols, five ? 5 : 4);
       return y;
     }
+    TORCH_CHECK(!five, "q5_0 codes take no offsets");
 #endif
+    TORCH_CHECK(codes.size(1) * 2 == cols, "4-bit codes");
     TORCH_CHECK(offset.has_value() && offset->sizes() == scale.sizes(), "4-bit offset");
     TORCH_CHECK(offset->scalar_type() == at::kFloat && offset->is_contiguous(), "offset");
     off = offset->data_ptr<float>();
@@ -281,10 +287,10 @@ at::Tensor packed_linear_int8x(const at::Tensor&, const at::Tensor&, const at::T
 }
 bool native() { return false; }
 #endif
-// Whether the op takes 4-bit codes without offsets as q4_0's (the AVX2 kernel; the VNNI
-// one reads stored offsets): the caller then passes none and 4 bytes a block go unread.
-bool q4_0_scales_only() {
-#if LINNET_Q4_0_SCALES_ONLY
+// Whether the op takes q4_0 and q5_0 codes without offsets (the AVX2 kernel; the VNNI one
+// reads stored offsets and no q5_0): the caller then passes none (4 bytes a block unread).
+bool derived_offsets() {
+#if LINNET_DERIVED_OFFSETS
   return true;
 #else
   return false;
@@ -295,7 +301,7 @@ bool q4_0_scales_only() {
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("packed_linear_int8x(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
   m.def("int8x_native() -> bool", native);
-  m.def("int8x_q4_0_scales_only() -> bool", q4_0_scales_only);
+  m.def("int8x_derived_offsets() -> bool", derived_offsets);
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) { m.impl("packed_linear_int8x", packed_linear_int8x); }
