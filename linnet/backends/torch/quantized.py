@@ -93,8 +93,12 @@ class PackedWeight(PackedTensor):
         out = torch.empty(n, self.cols, device=self.codes.device) if out is None else out
         codes, scale = self.codes[lo:hi], self.scale[lo:hi, :, None]
         if self.kind == "q5_0":
-            codes = self._q5_codes(codes)
-            torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
+            ops = None if torch.compiler.is_compiling() else kernels.load()
+            if ops is not None and codes.device.type == "cpu" and out.is_contiguous():
+                ops.q5_0_scaled_codes(codes, self.scale[lo:hi], out)  # one pass, in C++
+            else:
+                codes = self._q5_codes(codes)
+                torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
         elif self.kind == "q8_0":
             torch.mul(codes.view(n, groups, GROUP), scale, out=out.view(n, groups, GROUP))
         elif groups % 2 == 0:  # each row's low nibbles are its first half of groups
