@@ -3,7 +3,8 @@
 its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), the same with the step's
 norms, rope and attention on PyTorch's ops instead of decode_ops.cpp ("torch step ops"),
 with its f32 C++ kernel (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what
-ran before the kernels) and llama.cpp, all on the same GGUF file.
+ran before the kernels) and llama.cpp, all on the same GGUF file; for q4_k also the
+integer kernel with the file's q5_0 matrices in q8_0's layout (before session 15).
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -32,11 +33,20 @@ from bench.common import machine, provenance, versions  # noqa: E402
 from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
 
 
-def linnet_decoder(path: Path, dtype: str):
-    """decode(prompt, n): prefill untimed, then n one-token greedy steps timed."""
+def linnet_decoder(path: Path, dtype: str, q5_as_q8=False):
+    """decode(prompt, n): prefill untimed, then n one-token greedy steps timed; q5_as_q8:
+    the file's q5_0 matrices held in q8_0's layout (what every load did before session 15,
+    and what CPUs whose integer kernel is VNNI's hold)."""
+    import linnet.quantize
     import linnet.torch as lt
 
-    model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
+    keep = linnet.quantize.int8x_reads_q5_0
+    if q5_as_q8:
+        linnet.quantize.int8x_reads_q5_0 = lambda: False
+    try:
+        model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
+    finally:
+        linnet.quantize.int8x_reads_q5_0 = keep
 
     def decode(ids, n, clock):
         model.reset()
@@ -81,6 +91,8 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     }
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
         del found["linnet int8 x"], found["linnet torch step ops"]
+    if dtype == "q4_k":  # most of SmolLM2's q4_K_M is q5_0 (576-wide rows)
+        found["linnet int8 x, q5_0 as q8_0"] = (linnet_decoder(gguf, dtype, q5_as_q8=True), "1")
     return found
 
 
@@ -138,7 +150,7 @@ def main(argv=None) -> int:
         for name, row in rows.items():
             speed = cpp / row["ms_per_token"]
             print(
-                f"{dtype} {name:<15} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"
+                f"{dtype} {name:<28} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"
             )
     report["machine_after"] = machine()
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
