@@ -121,6 +121,24 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
     return {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
 
 
+def gguf_setup(args):
+    """What a run over the GGUF exports starts with: torch's threads, the clock (CPU time
+    for one thread, else the wall), the checkpoint, its exports for `args.dtypes` (made once,
+    bench/run.py's) and the report's head (machine, provenance, versions, clock)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    ckpt = checkpoint_for(args.model)
+    gguf_dir = RESULTS / "gguf" / Path(ckpt).name
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    export_ggufs(ckpt, args.dtypes.split(","), gguf_dir)
+    report = {"machine": machine(), "provenance": provenance(), "args": vars(args) | {"out": ""}}
+    report["versions"] = versions(("torch", "llama_cpp", "linnet"))
+    report["clock"] = clock.__name__
+    return clock, ckpt, gguf_dir, report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -131,19 +149,8 @@ def main(argv=None) -> int:
     parser.add_argument("--new", type=int, default=24)
     parser.add_argument("--out", type=Path, default=RESULTS / "checks" / "packed_decode.json")
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    clock = time.process_time if args.threads == 1 else time.perf_counter
-    ckpt = checkpoint_for(args.model)
-    gguf_dir = RESULTS / "gguf" / Path(ckpt).name
-    gguf_dir.mkdir(parents=True, exist_ok=True)
-    dtypes = args.dtypes.split(",")
-    export_ggufs(ckpt, dtypes, gguf_dir)
-    report = {"machine": machine(), "provenance": provenance(), "args": vars(args) | {"out": ""}}
-    report["versions"] = versions(("torch", "llama_cpp", "linnet"))
-    report["clock"] = clock.__name__
-    for dtype in dtypes:
+    clock, ckpt, gguf_dir, report = gguf_setup(args)
+    for dtype in args.dtypes.split(","):
         rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
         report.setdefault("results", {})[dtype] = rows
         cpp = rows["llama.cpp"]["ms_per_token"]

@@ -20,13 +20,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import machine, provenance, versions  # noqa: E402
-from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
+from bench.common import machine  # noqa: E402
+from bench.packed_decode import gguf_setup  # noqa: E402
+from bench.run import RESULTS  # noqa: E402
 
 
 def linnet_prompt(path: Path, dtype: str):
@@ -90,19 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--out", type=Path, default=RESULTS / "checks" / "ttft_packed.json")
     args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    clock = time.process_time if args.threads == 1 else time.perf_counter
-    ckpt = checkpoint_for(args.model)
-    gguf_dir = RESULTS / "gguf" / Path(ckpt).name
-    gguf_dir.mkdir(parents=True, exist_ok=True)
-    dtypes = args.dtypes.split(",")
-    export_ggufs(ckpt, dtypes, gguf_dir)
-    report = {"machine": machine(), "provenance": provenance(), "args": vars(args) | {"out": ""}}
-    report["versions"] = versions(("torch", "llama_cpp", "linnet"))
-    report["clock"] = clock.__name__
-    for dtype in dtypes:
+    clock, ckpt, gguf_dir, report = gguf_setup(args)
+    for dtype in args.dtypes.split(","):
         rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
         speed = rows["llama.cpp"]["seconds"] / rows["linnet"]["seconds"]
         rows["linnet_vs_llama_cpp"] = speed
