@@ -139,6 +139,13 @@ def gguf_setup(args):
     return clock, ckpt, gguf_dir, report
 
 
+def write_report(report: dict, out: Path) -> None:
+    """The machine after the run (its load then) added, the report written to `out`."""
+    report["machine_after"] = machine()
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -159,9 +166,7 @@ def main(argv=None) -> int:
             print(
                 f"{dtype} {name:<28} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"
             )
-    report["machine_after"] = machine()
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
     return 0
 
 

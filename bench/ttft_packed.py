@@ -17,15 +17,13 @@ before and after) with the figures to bench/results/checks/ttft_packed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import machine  # noqa: E402
-from bench.packed_decode import gguf_setup  # noqa: E402
+from bench.packed_decode import gguf_setup, write_report  # noqa: E402
 from bench.run import RESULTS  # noqa: E402
 
 
@@ -100,9 +98,7 @@ def main(argv=None) -> int:
             f"{dtype:<5} {args.prompt}-token prompt: Linnet {rows['linnet']['seconds']:.2f} s, "
             f"llama.cpp {rows['llama.cpp']['seconds']:.2f} s  ({speed:.2f}x llama.cpp)"
         )
-    report["machine_after"] = machine()
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
     return 0
 
 

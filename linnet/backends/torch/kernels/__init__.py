@@ -83,23 +83,18 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     """`bf16_linear(x2, w, b)` for a CPU bf16 x and a contiguous bf16 weight whose rows are
     whole 32-element blocks, where the kernels load (built with AVX512-BF16 or AVX2+FMA).
     Asked for every bf16 decode linear (121 a SmolLM2 step): cheap checks, and `load()`'s
-    answer kept until LINNET_KERNELS changes (`step_ops`): 9.3 -> ~1.5 us."""
+    answer kept until LINNET_KERNELS changes (`step_ops`): 9.3 -> 2.3 us."""
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_cpu:
         return None
     if w.dim() != 2 or w.shape[1] % 32 or not w.is_contiguous():
         return None
-    ops = step_ops()
-    if ops is None:
-        return None
-    if "bf16" not in _loaded:
-        _loaded["bf16"] = bool(ops.bf16_gemv_native())
-    return ops.bf16_linear if _loaded["bf16"] else None
+    return step_ops().bf16_linear if bf16_gemv_available() else None
 
 
 def bf16_gemv_available() -> bool:
     """Whether bf16_gemv.cpp's op runs here (the kernels load, built with AVX512-BF16 or
     AVX2+FMA)."""
-    ops = load()
+    ops = step_ops()
     if ops is None:
         return False
     if "bf16" not in _loaded:
