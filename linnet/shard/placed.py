@@ -18,8 +18,11 @@ import torch
 from linnet.backends.torch.codegen import generate_graphs, lower_entries, state_ident
 from linnet.backends.torch.interp import Interpreter
 from linnet.backends.torch.runners import (
+    column_major_linears,
+    column_major_stacks,
     entry_inputs,
     load_generated,
+    param_uses,
     reference_graph,
     stack_params,
     state_types,
@@ -74,6 +77,19 @@ def plan_for(graphs: dict, weights: dict, devices, split, max_device_bytes) -> P
     )
 
 
+def held_weights(graphs: dict, params: dict, fused: dict, mode: str) -> dict:
+    """The params and the fused stacks, laid out as one device's generated runner holds
+    them (column-major where that reads faster: `column_major_linears`), so a split sums
+    each linear in the same order as one device and gives its bits; `interpret` keeps the
+    source's layout, as its one-device runner does."""
+    if mode == "interpret":
+        return {**params, **stack_params(params, fused)}
+    uses = param_uses(graphs.values())
+    weights = {**params, **stack_params(params, fused, column_major_stacks(uses))}
+    weights.update(column_major_linears(uses, weights, params))
+    return weights
+
+
 def placed_tensors(placed: dict[str, Placed], weights: dict, devices: list[str]) -> dict:
     """Each placed param on its device; streamed ones in host memory (pinned for CUDA)."""
     pin = torch.cuda.is_available() and any(torch.device(d).type == "cuda" for d in devices)
@@ -100,7 +116,7 @@ class PlacedRunner:
         if mode == "interpret" and numerics != "equivalent":
             raise PlacementError("mode='interpret' has only numerics='equivalent'")
         graphs, fused = lowered(program, mode)
-        weights = {**params, **stack_params(params, fused)}
+        weights = held_weights(graphs, params, fused, mode)
         self.placement = plan_for(graphs, weights, devices, split, max_device_bytes)
         self.placed = {e: place_graph(g, self.placement) for e, g in graphs.items()}
         self.graphs = {e: p.graph for e, p in self.placed.items()}
