@@ -99,8 +99,9 @@ def test_pytorch_path_where_the_op_does_not_apply(spy, monkeypatch):
     assert spy.calls == {}
 
 
-@pytest.mark.skipif(P._LOWP_NATIVE[torch.bfloat16], reason="bf16 attends natively here")
-def test_bf16_rows_widened_through_the_op(spy):
+def test_bf16_rows_widened_through_the_op(spy, monkeypatch):
+    """Without a bf16 dot product, bf16 rows attend through the f32 op on widened inputs."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, False)
     g = torch.Generator().manual_seed(4)
     q, k, v, positions = _rows(6, 2, 16, g, torch.bfloat16)
     got = P.attention_fast(q, k, v, True, positions, 8, None)
@@ -108,6 +109,21 @@ def test_bf16_rows_widened_through_the_op(spy):
     assert spy.calls == {"decode_attention_rows": 1} and got.dtype == torch.bfloat16
     bound = want.abs() * 2**-8 + 2e-6  # the op's f32 bound, then one rounding to bf16
     assert ((got.float() - want).abs() <= bound).all()
+
+
+def test_bf16_rows_attend_natively_with_a_bf16_dot(spy, monkeypatch):
+    """With one (AVX512-BF16), bf16 rows stay bf16: torch's masked SDPA, no op, no copies
+    of the cache in f32; each row still sees only its own keys."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, True)
+    g = torch.Generator().manual_seed(4)
+    q, k, v, positions = _rows(6, 2, 16, g, torch.bfloat16)
+    got = P.attention_fast(q, k, v, True, positions, 8, None)
+    assert spy.calls == {} and got.dtype == torch.bfloat16
+    mask = P._allowed(positions, 1, k.shape[2], 8, q.device)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.equal(got, want)
+    exact = P.attention_ref(q.float(), k.float(), v.float(), True, positions, 8, None)
+    assert ((got.float() - exact).abs() <= exact.abs().max() * 2**-6).all()
 
 
 def test_op_checks_and_fake_shapes(ops):
