@@ -11,7 +11,9 @@
 // plus f32 summation error. q8_0 codes are signed: they are flipped to u8 (code + 128)
 // and the accumulator starts at -128 * (the four q's sum), so the int32 sums stay exact.
 // Layouts as in packed_gemv.cpp. 4-bit weights need rows of whole 64-blocks (each half of
-// a row whole 32-blocks); the caller keeps the f32 kernel otherwise.
+// a row whole 32-blocks); the caller keeps the f32 kernel otherwise. q4_0 and q5_0 come
+// without offsets (-8 and -16 times the scale; q5_0's fifth bits expanded with one masked
+// move per 64 codes).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -117,13 +120,26 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
     for (int b = 0; b < B; ++b) p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]);
 }
 
-// The same for 4-bit codes: 64 bytes hold two blocks of each half of the row.
-template <int R, int B>
+// 64 fifth bits of q5_0 (bit e of the plane: element e) as bytes 0x10 / 0; `two`: else 32.
+inline __m512i fifth_bits(const uint8_t* plane, bool two) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, plane, two ? 8 : 4);  // never past the row's plane
+  return _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(0x10));
+}
+
+// The same for 4-bit codes: 64 bytes hold two blocks of each half of the row. Offsets
+// stored (Derived 0: q4_K's), or -8 (Derived 4: q4_0) / -16 (Derived 5: q5_0, each row's
+// nibbles followed by its fifth bits, cols / 8 bytes in element order) times the scale:
+// then the scales' dot product with x's block sums, times that power of two, exactly.
+template <int R, int B, int Derived>
 void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+  constexpr bool Five = Derived == 5;
   __m512 acc[R][B], off[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = off[r][b] = _mm512_setzero_ps();
   const int64_t groups = p.cols / kGroup, half = p.cols / 2, hg = groups / 2;
+  const int64_t stride = Five ? half + p.cols / 8 : half;  // bytes a row
+  const float* offsets = Derived ? p.scale : p.offset;
   const uint8_t* codes = static_cast<const uint8_t*>(p.codes);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t g0 = 0; g0 < hg; g0 += 16) {
@@ -138,15 +154,16 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
                                    _mm512_maskz_loadu_ps(lanes(n), d));
         hi_s[r][b] = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(n), p.scale + at + hg),
                                    _mm512_maskz_loadu_ps(lanes(n), d + hg));
-        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), p.offset + at),
+        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), offsets + at),
                                     _mm512_maskz_loadu_ps(lanes(n), sums), off[r][b]);
-        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), p.offset + at + hg),
+        off[r][b] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes(n), offsets + at + hg),
                                     _mm512_maskz_loadu_ps(lanes(n), sums + hg), off[r][b]);
       }
     }
     for (int64_t j = 0; j < n; j += 2) {
       const int64_t k = (g0 + j) * kGroup;  // byte in the row; element of its first half
-      const __mmask64 bytes = n - j >= 2 ? ~0ULL : 0xFFFFFFFFULL;
+      const bool two = n - j >= 2;
+      const __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;
       const __m512i idx = pair_index(j);
       __m512i xl[B], xh[B];
       for (int b = 0; b < B; ++b) {
@@ -154,11 +171,15 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
         xh[b] = _mm512_maskz_loadu_epi8(bytes, x.q.data() + (b0 + b) * p.cols + half + k);
       }
       for (int r = 0; r < R; ++r) {
-        const uint8_t* row = codes + (r0 + r) * half;
+        const uint8_t* row = codes + (r0 + r) * stride;
         __builtin_prefetch(row + k + kAhead);
         const __m512i c = _mm512_maskz_loadu_epi8(bytes, row + k);
-        const __m512i lo = _mm512_and_si512(c, nibble);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
+        __m512i lo = _mm512_and_si512(c, nibble);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
+        if (Five) {  // elements k.. and half + k.. have their bits at bytes k / 8, (half + k) / 8
+          lo = _mm512_or_si512(lo, fifth_bits(row + half + k / 8, two));
+          hi = _mm512_or_si512(hi, fifth_bits(row + half + (half + k) / 8, two));
+        }
         for (int b = 0; b < B; ++b) {
           const __m512i z = _mm512_setzero_si512();
           const __m512 dl = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, lo, xl[b]));
@@ -169,9 +190,10 @@ void q4_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
       }
     }
   }
+  constexpr float times = Derived == 5 ? -16.0f : Derived == 4 ? -8.0f : 1.0f;
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b)
-      p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + hsum(off[r][b]);
+      p.y[(b0 + b) * p.rows + r0 + r] = hsum(acc[r][b]) + times * hsum(off[r][b]);
 }
 
 template <int R, int B>
@@ -180,11 +202,14 @@ struct Q8 {
     q8_tile<R, B>(p, x, r0, b0);
   }
 };
-template <int R, int B>
-struct Q4 {
-  static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
-    q4_tile<R, B>(p, x, r0, b0);
-  }
+template <int Derived>
+struct Q4Of {
+  template <int R, int B>
+  struct Tile {
+    static void run(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
+      q4_tile<R, B, Derived>(p, x, r0, b0);
+    }
+  };
 };
 
 // x rows two at a time (more would spill the tile's registers).
@@ -212,11 +237,23 @@ void run(const float* x, const void* codes, const float* scale, const float* off
   if (offset == nullptr)
     run_rows<Q8>(p, xq);
   else
-    run_rows<Q4>(p, xq);
+    run_rows<Q4Of<0>::Tile>(p, xq);
+}
+
+// q4_0 / q5_0 without offsets (derived from the scales): 20 / 24 bytes a block read
+void run_derived(const float* x, const void* codes, const float* scale, float* y, int64_t batch,
+                 int64_t rows, int64_t cols, int code_bits) {
+  const Quantized xq = quantize_x(x, batch, cols);
+  Problem p{codes, scale, nullptr, y, batch, rows, cols};
+  if (code_bits == 5)
+    run_rows<Q4Of<5>::Tile>(p, xq);
+  else
+    run_rows<Q4Of<4>::Tile>(p, xq);
 }
 
 }  // namespace
 #define LINNET_INT8X 1
+#define LINNET_DERIVED_OFFSETS 1  // q4_0 and q5_0 codes come without offsets
 #elif defined(__AVX2__) && defined(__FMA__)
 namespace linnet_avx2 {  // packed_int8_avx2.cpp
 void packed_linear_int8x(const float* x, const void* codes, const float* scale,
@@ -287,8 +324,8 @@ at::Tensor packed_linear_int8x(const at::Tensor&, const at::Tensor&, const at::T
 }
 bool native() { return false; }
 #endif
-// Whether the op takes q4_0 and q5_0 codes without offsets (the AVX2 kernel; the VNNI one
-// reads stored offsets and no q5_0): the caller then passes none (4 bytes a block unread).
+// Whether the op takes q4_0 and q5_0 codes without offsets (both integer kernels, since
+// 2026-12-03 the VNNI one too): the caller then passes none (4 bytes a block unread).
 bool derived_offsets() {
 #if LINNET_DERIVED_OFFSETS
   return true;
