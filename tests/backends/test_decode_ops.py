@@ -154,11 +154,12 @@ def test_pytorch_path_where_the_ops_do_not_apply(spy, monkeypatch):
     assert spy.calls == {}
 
 
-def test_bf16_rope_runs_widened_where_the_cpu_has_no_bf16_dot(spy, monkeypatch):
-    """Without a bf16 dot product, a bf16 rope runs the f32 op on widened inputs, rounded
-    once: within one bf16 rounding of the f32 result (rope_ref in bf16 rounds the tables
-    and each product too, so it is no closer)."""
-    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, False)
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_rope_runs_widened(spy, monkeypatch, native):
+    """With or without a bf16 dot product, a bf16 rope runs the f32 op on widened inputs,
+    rounded once: within one bf16 rounding of the f32 result (rope_ref in bf16 rounds the
+    tables and each product too, so it is no closer)."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, native)
     g = torch.Generator().manual_seed(0)
     cos, sin = P.rope_tables(64, 16, 10000.0, "default", 1, 1, 1, 1)
     q = torch.randn(2, 4, 1, 64, generator=g).bfloat16()

@@ -315,11 +315,12 @@ def group_norm_fast(x, w, b, groups, eps):
     return F.group_norm(x, groups, w, b, eps)
 
 
-def _widened(x):
-    """A bf16/f16 CPU tensor where the CPU has no dot product for it: the step's small ops
-    run in f32 there (F.rms_norm took ~50 us a bf16 decode call on the AVX2 EPYC, the C++
-    op on widened x ~5 us), the result rounded once to x's dtype."""
-    return x.dtype in _LOWP_NATIVE and not _LOWP_NATIVE[x.dtype] and x.is_cpu
+def _lowp_cpu(x):
+    """A bf16/f16 CPU tensor: the step's norm and rope run the f32 C++ ops on it widened,
+    with or without a bf16 dot product (F.rms_norm took ~50 us a bf16 decode call on the
+    AVX2 EPYC and 13 on an AVX512-BF16 Xeon, the widened op 5-8; rope_ref in bf16 14 us
+    there, the widened op 5.5)."""
+    return x.dtype in _LOWP_NATIVE and x.is_cpu
 
 
 _UNIT_WEIGHTS: dict = {}  # n -> f32 ones: the C++ norm's weight when w is applied after
@@ -344,7 +345,7 @@ def rms_norm_fast(x, w, eps):
     ops = _step_ops(x, w)
     if ops is not None:
         return ops.rms_norm(x, w, eps)  # one pass: 61 calls of a SmolLM2 step
-    if x.dtype in _LOWP_NATIVE and x.is_cpu and w.dtype == x.dtype:
+    if _lowp_cpu(x) and w.dtype == x.dtype:
         out = _rms_norm_lowp(x, w, eps)
         if out is not None:
             return out
@@ -359,7 +360,9 @@ def rope_fast(x, cos, sin, offset):
     ops = None if type(offset) is not int else _step_ops(x, cos)
     if ops is not None and sin.dtype == torch.float32:
         return ops.rope(x, cos, sin, offset)  # rope_ref's products and sums, one call
-    if type(offset) is int and _widened(x) and cos.dtype == sin.dtype == torch.float32:
+    # bf16 rounded once after the f32 sums: closer to f32 than rope_ref's three roundings
+    # in bf16, and SmolLM2's bf16 logits no further from transformers' (0.50 against 0.67)
+    if type(offset) is int and _lowp_cpu(x) and cos.dtype == sin.dtype == torch.float32:
         xf = x.float()
         if _step_ops(xf, cos) is not None:
             return _kernels.step_ops().rope(xf, cos, sin, offset).to(x.dtype)
