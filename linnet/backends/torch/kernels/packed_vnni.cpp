@@ -31,7 +31,10 @@ namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int kRows = 2;          // output rows per tile
-constexpr int64_t kAhead = 256;  // prefetch distance in each row's stream (bytes)
+// Prefetch distance in each row's stream (bytes): rows lie end to end, so this reaches the
+// next tiles' rows. On an AVX512-VNNI Xeon, 180 weights of 1536x576 (over 100 MB) read
+// q4_0 at 14-15 GB/s with 2048, 10 with 256; q5_0 12 against 9, q8_0 11.5-12 against 10.
+constexpr int64_t kAhead = 2048;
 
 struct Quantized {  // batch rows of x, each quantized per 32-block
   std::vector<int8_t> q;      // (batch, cols)
@@ -122,8 +125,11 @@ void q8_tile(const Problem& p, const Quantized& x, int64_t r0, int64_t b0) {
 
 // 64 fifth bits of q5_0 (bit e of the plane: element e) as bytes 0x10 / 0; `two`: else 32.
 inline __m512i fifth_bits(const uint8_t* plane, bool two) {
-  uint64_t bits = 0;
-  std::memcpy(&bits, plane, two ? 8 : 4);  // never past the row's plane
+  uint64_t bits = 0;  // never read past the row's plane; constant sizes: plain loads
+  if (two)
+    std::memcpy(&bits, plane, 8);
+  else
+    std::memcpy(&bits, plane, 4);
   return _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(0x10));
 }
 
