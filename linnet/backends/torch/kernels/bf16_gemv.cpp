@@ -35,6 +35,10 @@ namespace {
 namespace {
 
 constexpr int kRows = 4;
+// Prefetch distance along each row (bytes; rows lie end to end, so this reaches the next
+// tiles' rows): on an AVX512-BF16 Xeon, 180 weights of 1536x576 bf16 (318 MB) read at
+// 12.4-13.0 GB/s with 8192, 10.7 with 2048, 9.2-9.7 with none; 32768 11.2.
+constexpr int64_t kAhead = 8192;
 
 // Rows r0..r0+R of y for x row b (cols a multiple of 32).
 template <int R>
@@ -44,6 +48,7 @@ void bf16_rows(const uint16_t* x, const uint16_t* w, float* acc_out, int64_t r0,
   for (int64_t k = 0; k < cols; k += 32) {
     __m512bh xs = (__m512bh)_mm512_loadu_si512((const void*)(x + k));
     for (int r = 0; r < R; ++r) {
+      __builtin_prefetch(reinterpret_cast<const char*>(w + (r0 + r) * cols + k) + kAhead);
       __m512bh ws = (__m512bh)_mm512_loadu_si512((const void*)(w + (r0 + r) * cols + k));
       acc[r] = _mm512_dpbf16_ps(acc[r], ws, xs);
     }
