@@ -32,6 +32,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB
 
 
+def drop_cached_pages(checkpoint: str) -> None:
+    """Evict the checkpoint's safetensors files from the page cache, so the load's RSS
+    growth counts the pages its memory map touches as a file read from disk would. A file
+    written moments before (scripts/make_smollm2_checkpoint.py at the start of a CI run)
+    sits in large folios (FileHugePages), and a fault then maps a whole folio: SmolLM2's
+    rank 0 grew 482 MiB by its load instead of 429 on a 6.18 kernel (2026-12-03)."""
+    folder = Path(checkpoint)
+    for f in folder.glob("*.safetensors") if folder.is_dir() else ():
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main() -> int:
     out, job = Path(sys.argv[1]), json.loads(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -44,6 +60,7 @@ def main() -> int:
     runs += [(ck, "generated", dtype) for ck, dtype in job.get("packed", [])]
     try:
         for ck, mode, dtype in runs:
+            drop_cached_pages(ck)
             before = peak_rss_mb()
             model = linnet.torch.load(
                 ck, dtype=dtype, mode=mode, tensor_parallel=world, device=job.get("device", "cpu")
