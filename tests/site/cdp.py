@@ -8,8 +8,11 @@ errors, evaluate an expression, take a screenshot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -42,6 +45,7 @@ class Browser:
             [*args, "--remote-debugging-port=0", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its helper processes share its group: close() ends all
         )
         port = cls._port(Path(profile.name) / "DevToolsActivePort", proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
@@ -70,9 +74,21 @@ class Browser:
         self.close()
 
     def close(self) -> None:
+        """End chromium and every helper of its group, then remove its profile. A helper
+        still writing into the profile after the main process exited made the removal fail
+        once ("Directory not empty: 'Default'", 2026-12-03): the group is killed, and the
+        removal retried for up to 5 s."""
         self.ws.close()
         self.proc.terminate()
         self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for _ in range(49):
+            try:
+                self.profile.cleanup()
+                return
+            except OSError:
+                time.sleep(0.1)
         self.profile.cleanup()
 
     def call(self, method: str, **params) -> dict:
