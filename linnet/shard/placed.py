@@ -18,11 +18,9 @@ import torch
 from linnet.backends.torch.codegen import generate_graphs, lower_entries, state_ident
 from linnet.backends.torch.interp import Interpreter
 from linnet.backends.torch.runners import (
-    column_major_linears,
-    column_major_stacks,
     entry_inputs,
+    generated_weights,
     load_generated,
-    param_uses,
     reference_graph,
     stack_params,
     state_types,
@@ -78,16 +76,12 @@ def plan_for(graphs: dict, weights: dict, devices, split, max_device_bytes) -> P
 
 
 def held_weights(graphs: dict, params: dict, fused: dict, mode: str) -> dict:
-    """The params and the fused stacks, laid out as one device's generated runner holds
-    them (column-major where that reads faster: `column_major_linears`), so a split sums
-    each linear in the same order as one device and gives its bits; `interpret` keeps the
-    source's layout, as its one-device runner does."""
+    """The params and the fused stacks as one device's runner of `mode` holds them
+    (`generated_weights`), so a split sums each linear in the same order as one device
+    and gives its bits; `interpret` keeps the source's layout, as its runner does."""
     if mode == "interpret":
         return {**params, **stack_params(params, fused)}
-    uses = param_uses(graphs.values())
-    weights = {**params, **stack_params(params, fused, column_major_stacks(uses))}
-    weights.update(column_major_linears(uses, weights, params))
-    return weights
+    return generated_weights(graphs, params, fused)
 
 
 def placed_tensors(placed: dict[str, Placed], weights: dict, devices: list[str]) -> dict:

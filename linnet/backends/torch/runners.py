@@ -159,6 +159,17 @@ def column_major_linears(uses: dict, weights: dict, params: dict, tied: bool = T
     return out
 
 
+def generated_weights(graphs: dict, params: dict, fused: dict, tied: bool = True) -> dict:
+    """The params and `fuse_linears`' stacks as the generated module holds them: stacks
+    built once, and column-major where that reads faster (`column_major_stacks`,
+    `column_major_linears`; `tied`: see there). A layer split (`linnet/shard/placed.py`)
+    holds the same layout, so it sums each linear in one device's order."""
+    uses = param_uses(graphs.values())  # each param's readers, walked once
+    weights = {**params, **stack_params(params, fused, column_major_stacks(uses))}
+    weights.update(column_major_linears(uses, weights, params, tied))
+    return weights
+
+
 def param_uses(graphs) -> dict[str, set]:
     """Each param's readers as (op, input index) pairs, over all the entries' graphs."""
     uses: dict[str, set] = {}
@@ -200,11 +211,7 @@ class GeneratedRunner:
         emitter = emit_outlined if (compiled if outlined is None else outlined) else None
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
-        uses = param_uses(self.graphs.values())  # each param's readers, walked once
-        stacks = stack_params(params, fused, column_major_stacks(uses))
-        weights = {**params, **stacks}
-        moved = column_major_linears(uses, weights, params, tied_column_major)
-        weights.update(moved)
+        weights = generated_weights(self.graphs, params, fused, tied_column_major)
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
