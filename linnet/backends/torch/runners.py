@@ -165,7 +165,8 @@ def generated_weights(graphs: dict, params: dict, fused: dict, tied: bool = True
     `column_major_linears`; `tied`: see there). A layer split (`linnet/shard/placed.py`)
     holds the same layout, so it sums each linear in one device's order."""
     uses = param_uses(graphs.values())  # each param's readers, walked once
-    weights = {**params, **stack_params(params, fused, column_major_stacks(uses))}
+    stacks = stack_params(params, fused, column_major_stacks(uses))  # parts become views
+    weights = {**params, **stacks}  # after: params now holds those views
     weights.update(column_major_linears(uses, weights, params, tied))
     return weights
 
