@@ -29,6 +29,7 @@ from linnet.commands.session import (
     load_model,
     resolve_numerics,
 )
+from linnet.parity.prompts import chat_ids
 
 
 @click.command()
@@ -97,9 +98,7 @@ def _fit(tokenizer, history: list[dict], budget: int, keep_first: bool):
     import torch
 
     while True:
-        ids = tokenizer.apply_chat_template(
-            history, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
+        ids = chat_ids(tokenizer, history)
         first = 1 if keep_first else 0
         if len(ids) <= budget or len(history) - first <= 1:
             break

@@ -162,7 +162,7 @@ def open_tokenizer(found, chat: bool | None):
     from linnet.parity import load_tokenizer
 
     _check_checkpoint(found.checkpoint)
-    tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None)
+    tokenizer = load_tokenizer(found.folder, found.gguf.name if found.gguf else None, light=True)
     if chat is None:
         chat = found.entry.chat if found.entry else bool(tokenizer.chat_template)
     if chat and not tokenizer.chat_template:

@@ -21,11 +21,18 @@ from linnet.weights.jsonfile import check_json_companions
 _PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(folder: Path, gguf_file: str | None = None):
+def load_tokenizer(folder: Path, gguf_file: str | None = None, light: bool = False):
     """transformers' tokenizer of a checkpoint folder (or of a GGUF file in it); a folder
-    without one is a CheckpointError that says so, not transformers' traceback."""
+    without one is a CheckpointError that says so, not transformers' traceback.
+    `light`: a JsonTokenizer (encode, decode, chat template; no transformers import) where
+    the folder's files allow one."""
     refuse_remote_code(folder)
     check_json_companions(folder)
+    if light and gguf_file is None:
+        from linnet.parity.json_tokenizer import open_json_tokenizer
+
+        if (tokenizer := open_json_tokenizer(folder)) is not None:
+            return tokenizer
     try:
         cls = _tokenizer_class(Path(folder), gguf_file)
         return cls.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
@@ -55,13 +62,23 @@ def encode_prompts(tokenizer, prompts, chat: bool):
     out = []
     for text in prompts:
         if chat:
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
+            ids = chat_ids(tokenizer, [{"role": "user", "content": text}])
         else:
             ids = tokenizer(text)["input_ids"]
         out.append(torch.tensor([list(ids)], dtype=torch.long))
     return out
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    """The conversation through the checkpoint's chat template, with the generation prompt;
+    a template that fails (its own raise_exception, a sandbox refusal, bad syntax) is a
+    CheckpointError with its message."""
+    import jinja2
+
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    except jinja2.exceptions.TemplateError as err:
+        raise CheckpointError(f"the checkpoint's chat template failed: {err}") from err
+    return list(ids)
