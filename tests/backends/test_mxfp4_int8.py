@@ -165,3 +165,17 @@ def test_table_is_what_the_int8_scales_assume():
     finite = table.isfinite()
     assert finite[:253].all() and torch.equal(table[finite], want[finite])
     assert (want[~finite].abs() > torch.finfo(torch.float32).max).all()
+
+
+def test_scale_byte_255_is_infinite_as_in_the_reference():
+    """e8m0's 255 makes the reference's weights infinite: the int8 kernel's row is not
+    finite either, even where x's block is so small that 2^127 times it would be."""
+    rng = np.random.default_rng(9)
+    blocks, sc = _pair(rng, (), 6, 3)
+    sc[2, 1] = 255
+    x = torch.from_numpy(rng.standard_normal((1, 96)).astype(np.float32))
+    x[0, 32:64] *= 1e-30
+    got = kernels.load().mxfp4_linear_int8(x, blocks, sc)
+    exact = kernels.load().mxfp4_linear(x, blocks, sc, values_table("cpu"))
+    assert not got[0, 2].isfinite() and not exact[0, 2].isfinite()
+    assert torch.equal(got.isfinite(), exact.isfinite())
