@@ -5,11 +5,12 @@ reference decompositions of prelude.py, on odd sizes:
 - `rope` equal to `rope_ref` bit for bit (the same products, rounded, then summed);
 - `decode_attention` within 2e-6 of `attention_ref` (GQA, a window, sinks; a polynomial
   e^x: within 2 ulp in f32);
-- the fast helpers call them for f32 CPU decode (and for bf16 widened to f32 where the CPU
-  has no bf16 dot product), and keep the PyTorch path for bf16 elsewhere, for a
-  rope at per-row positions, a padding mask and with LINNET_KERNELS=0 (attention at per-row
-  positions takes `decode_attention_rows`: test_row_attention.py); a tiny Llama's greedy decode in
-  `generated`/`fast` runs them and gives transformers' tokens.
+- the fast helpers call them for f32 CPU decode, for bf16 norm and rope widened to f32 and
+  for a bf16 decode step's attention over the bf16 cache as it lies (every CPU), and keep
+  the PyTorch path for a rope at per-row positions, a padding mask and with
+  LINNET_KERNELS=0 (attention at per-row positions takes `decode_attention_rows`:
+  test_row_attention.py); a tiny Llama's greedy decode in `generated`/`fast` runs them and
+  gives transformers' tokens.
 """
 
 from __future__ import annotations
@@ -110,6 +111,26 @@ def test_decode_attention_within_f32_bound(spy, window, sinks, heads, kv, t, d):
     want = P.attention_ref(q, k, v, True, t - 1, window, None, None, s)
     assert spy.calls == {"decode_attention": 1}
     assert (got - want).abs().max().item() <= 2e-6
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize(("window", "sinks", "d"), [(0, False, 64), (7, True, 17)])
+def test_bf16_cache_read_as_it_lies(spy, monkeypatch, native, window, sinks, d):
+    """A bf16 decode step's attention, with or without a bf16 dot product: the f32 op on
+    the widened query over the bf16 cache's rows where they lie (a slice, not copied),
+    rounded once: within one bf16 rounding of attention_ref in f32 on the same values.
+    D = 17 takes the bf16 dot product's scalar tail."""
+    monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, native)
+    g = torch.Generator().manual_seed(d + window)
+    heads, kv, t = 6, 3, 33
+    q = (torch.randn(2, heads, 1, d, generator=g) * 2).bfloat16()
+    cache = torch.randn(2, 2, kv, 50, d, generator=g).bfloat16()
+    k, v = cache[0][:, :, :t], cache[1][:, :, :t]
+    s = torch.randn(heads, generator=g) if sinks else None
+    got = P.attention_fast(q, k, v, True, t - 1, window, None, None, s)
+    want = P.attention_ref(q.float(), k.float(), v.float(), True, t - 1, window, None, None, s)
+    assert spy.calls == {"decode_attention": 1} and got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs() <= 2**-8 * want.abs() + 2e-6).all()
 
 
 def test_exp_polynomial_within_two_ulp(ops):

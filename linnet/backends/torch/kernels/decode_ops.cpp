@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -113,7 +114,9 @@ at::Tensor rope(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tens
 }
 
 struct Attn {
-  const float *q, *k, *v, *sinks;
+  const float *q, *sinks;
+  const void *k, *v;  // f32, or bf16 (kv_bf16): a bf16 cache read as it lies
+  bool kv_bf16;
   float* out;
   int64_t H, G, T, D, start;
   int64_t qb, qh, kb, kh, kt, vb, vh, vt;
@@ -160,13 +163,39 @@ float exp_sum(float* scores, int64_t lo, int64_t hi, float top) {
   return total;
 }
 
+inline float widen(uint16_t bits) {  // bf16 -> f32: exact
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float widen(float x) { return x; }
+
+inline float dot(const float* a, const uint16_t* b, int64_t n) {  // f32 q against bf16 keys
+  float s = 0.f;
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 s0 = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(b + i)));
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), s0);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, s0);
+  for (const float l : lanes) s += l;
+#endif
+  for (; i < n; ++i) s += a[i] * widen(b[i]);
+  return s;
+}
+
 // One (batch, head): softmax(q k^T * scale) over keys start..end-1 (and the head's sink in
-// the denominator), times v; f32 throughout.
-void attend(const Attn& a, int64_t b, int64_t h, float* scores, int64_t start, int64_t end) {
+// the denominator), times v; f32 throughout (T: the cache's element, f32 or bf16 bits).
+template <class T>
+void attend_kv(const Attn& a, int64_t b, int64_t h, float* scores, int64_t start, int64_t end) {
   const int64_t g = h / a.G;
   const float* q = a.q + b * a.qb + h * a.qh;
-  const float* k = a.k + b * a.kb + g * a.kh;
-  const float* v = a.v + b * a.vb + g * a.vh;
+  const T* k = static_cast<const T*>(a.k) + b * a.kb + g * a.kh;
+  const T* v = static_cast<const T*>(a.v) + b * a.vb + g * a.vh;
   float top = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
   for (int64_t t = start; t < end; ++t) {
     scores[t] = dot(q, k + t * a.kt, a.D) * a.scale;
@@ -178,9 +207,16 @@ void attend(const Attn& a, int64_t b, int64_t h, float* scores, int64_t start, i
   std::fill(o, o + a.D, 0.f);
   for (int64_t t = start; t < end; ++t) {
     const float p = scores[t] / total;
-    const float* vr = v + t * a.vt;
-    for (int64_t d = 0; d < a.D; ++d) o[d] += p * vr[d];
+    const T* vr = v + t * a.vt;
+    for (int64_t d = 0; d < a.D; ++d) o[d] += p * widen(vr[d]);
   }
+}
+
+void attend(const Attn& a, int64_t b, int64_t h, float* scores, int64_t start, int64_t end) {
+  if (a.kv_bf16)
+    attend_kv<uint16_t>(a, b, h, scores, start, end);
+  else
+    attend_kv<float>(a, b, h, scores, start, end);
 }
 
 // q, k, v checked (f32, [B, heads, T, D], one query, GQA) and read where they lie when
@@ -193,14 +229,18 @@ Attn attn_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (sinks.has_value())
     TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
                     sinks->numel() == H, "sinks: f32 (H)");
-  return Attn{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-              sinks.has_value() ? sinks->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              "q f32; k, v both f32 or both bf16");
+  return Attn{q.data_ptr<float>(), sinks.has_value() ? sinks->data_ptr<float>() : nullptr,
+              k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kBFloat16, out.data_ptr<float>(),
               H, H / KV, k.size(2), D, 0, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
               k.stride(2), v.stride(0), v.stride(1), v.stride(2), static_cast<float>(scale)};
 }
 
 at::Tensor rows_d1(const at::Tensor& t) {
-  TORCH_CHECK(t.dim() == 4 && t.scalar_type() == at::kFloat, "q, k, v: f32 (B, heads, T, D)");
+  TORCH_CHECK(t.dim() == 4 && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
+              "q, k, v: f32 or bf16 (B, heads, T, D)");
   return t.stride(3) == 1 ? t : t.contiguous();
 }
 
