@@ -185,7 +185,7 @@ def test_bf16_rope_runs_widened(spy, monkeypatch, native):
     cos, sin = P.rope_tables(64, 16, 10000.0, "default", 1, 1, 1, 1)
     q = torch.randn(2, 4, 1, 64, generator=g).bfloat16()
     roped = P.rope_fast(q, cos, sin, 7)
-    assert spy.calls == {"rope": 1} and roped.dtype == torch.bfloat16
+    assert spy.calls == {"rope": 1} and roped.dtype == torch.bfloat16  # bf16 in, bf16 out
     want = P.rope_ref(q.float(), cos, sin, 7)
     ulp = 2.0**-8 * want.abs() + 1e-30
     assert ((roped.float() - want).abs() <= ulp * 1.01 + 2e-6 * want.abs().max()).all()
@@ -193,21 +193,39 @@ def test_bf16_rope_runs_widened(spy, monkeypatch, native):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_norm_rounds_as_the_reference(spy, monkeypatch, native):
-    """A bf16 norm, with or without a bf16 dot product, runs the f32 op on widened x, then
-    rounds as rms_norm_ref (and transformers) do: the normalised x to bf16, then times w
-    in bf16. So it is rms_norm_ref's result up to the f32 mean's summation order: at most
-    one bf16 step from it, and equal almost everywhere (here: everywhere); rounding once
-    after w instead, or F.rms_norm in bf16, differs from it in 26% of these elements."""
+    """A bf16 norm, with or without a bf16 dot product, is one call of the op that widens x
+    as it reads it, normalises in f32, then rounds as rms_norm_ref (and transformers) do:
+    the normalised x to bf16, then times w in bf16. So it is rms_norm_ref's result up to
+    the f32 mean's summation order: at most one bf16 step from it, and equal almost
+    everywhere (here: everywhere); rounding once after w instead, or F.rms_norm in bf16,
+    differs from it in 26% of these elements."""
     monkeypatch.setitem(P._LOWP_NATIVE, torch.bfloat16, native)
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4, 37, 576, generator=g) * 3).bfloat16()
     w = torch.randn(576, generator=g).bfloat16()
     got = P.rms_norm_fast(x, w, 1e-5)
-    assert spy.calls == {"rms_norm": 1} and got.dtype == torch.bfloat16
+    assert spy.calls == {"rms_norm_bf16": 1} and got.dtype == torch.bfloat16
     want = P.rms_norm_ref(x, w, 1e-5)
     step = 2.0**-7 * want.float().abs() + 1e-30
     assert ((got.float() - want.float()).abs() <= step).all()
     assert (got != want).float().mean().item() <= 0.01
+
+
+def test_bf16_ops_are_the_widened_f32_ops_bit_for_bit(ops):
+    """The bf16 norm and rope read bf16 and write it: the same bits as the f32 op on the
+    widened tensor, then torch's casts (and, for the norm, torch's bf16 multiply by w), on
+    odd sizes, a strided x (a permuted view), values spread over many binades."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 5, 577, generator=g) * torch.logspace(-3, 3, 577)).bfloat16()
+    w = torch.randn(577, generator=g).bfloat16()
+    unit = torch.ones(577)
+    widened = w * ops.rms_norm(x.float(), unit, 1e-6).bfloat16()
+    assert torch.equal(ops.rms_norm_bf16(x, w, 1e-6), widened)
+    cos, sin = P.rope_tables(40, 64, 10000.0, "default", 1, 1, 1, 1)
+    q = (torch.randn(2, 7, 3, 40, generator=g) * 5).bfloat16().transpose(1, 2)  # (2, 3, 7, 40)
+    roped = ops.rope(q, cos, sin, 11)
+    assert roped.dtype == torch.bfloat16
+    assert torch.equal(roped, ops.rope(q.float(), cos, sin, 11).bfloat16())
 
 
 def test_fake_shapes_for_compile(ops):

@@ -42,12 +42,13 @@ try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch'
     from linnet.backends.torch.quantized import PackedWeight as _Packed
     from linnet.backends.torch.quantized import decode_linear as _decode_linear
     from linnet.backends.torch.quantized import packed_linear as _packed_linear
+    from linnet.backends.torch.step_kernels import bf16_ops as _bf16_ops
     from linnet.backends.torch.step_kernels import decode_attention as _decode_attention
     from linnet.backends.torch.step_kernels import ops_for as _step_ops
     from linnet.backends.torch.step_kernels import rows_attention as _rows_attention
 except ImportError:
     _kernels = _Packed = _packed_linear = _decode_linear = None
-    _step_ops = _decode_attention = _rows_attention = lambda *args: None
+    _step_ops = _bf16_ops = _decode_attention = _rows_attention = lambda *args: None
 
 
 def linear_lowp(x, w, b=None):
@@ -345,6 +346,8 @@ def rms_norm_fast(x, w, eps):
     ops = _step_ops(x, w)
     if ops is not None:
         return ops.rms_norm(x, w, eps)  # one pass: 61 calls of a SmolLM2 step
+    if w.dtype == torch.bfloat16 and (bf16 := _bf16_ops(x, w)) is not None:
+        return bf16.rms_norm_bf16(x, w, eps)  # _rms_norm_lowp's bits in one call
     if _lowp_cpu(x) and w.dtype == x.dtype:
         out = _rms_norm_lowp(x, w, eps)
         if out is not None:
@@ -363,6 +366,8 @@ def rope_fast(x, cos, sin, offset):
     # bf16 rounded once after the f32 sums: closer to f32 than rope_ref's three roundings
     # in bf16, and SmolLM2's bf16 logits no further from transformers' (0.50 against 0.67)
     if type(offset) is int and _lowp_cpu(x) and cos.dtype == sin.dtype == torch.float32:
+        if (bf16 := _bf16_ops(x)) is not None:
+            return bf16.rope(x, cos, sin, offset)  # widened in the op
         xf = x.float()
         if _step_ops(xf, cos) is not None:
             return _kernels.step_ops().rope(xf, cos, sin, offset).to(x.dtype)
@@ -371,9 +376,8 @@ def rope_fast(x, cos, sin, offset):
 
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
     if q.dtype == torch.bfloat16 and q.shape[2] == 1 and q.is_cpu:
-        # one query over a bf16 cache: the f32 op reads the cache as it lies (no copy of
-        # it a step), sums in f32 and the result is rounded once; torch's bf16 SDPA took
-        # 35 us a call on an AVX512-BF16 Xeon (docs/torch.md, session 17)
+        # one query over a bf16 cache read as it lies, f32 sums, rounded once: 12.6 against
+        # 35 us a call of torch's bf16 SDPA on an AVX512-BF16 Xeon (docs/torch.md)
         out = _decode_attention(q.float(), k, v, causal, q_offset, window, scale, key_mask, sinks)
         if out is not None:
             return out.to(q.dtype)

@@ -26,6 +26,16 @@ def ops_for(x, w):
     return kernels.step_ops()
 
 
+def bf16_ops(x, *others):
+    """The step ops for bf16 CPU tensors the ops read as they lie, widening each element
+    (the norm and rope, a decode step's cache); None where `ops_for` would say None."""
+    if x.dtype != torch.bfloat16 or not x.is_cpu or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
+        return None
+    return kernels.step_ops()
+
+
 def decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
     """A decode step's attention in one C++ call: one f32 query at position q_offset (an
     int: not per-row positions) over the cache's keys 0..q_offset (a window's last
@@ -34,24 +44,15 @@ def decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
     if key_mask is not None or not causal or type(q_offset) is not int:
         return None
     t = k.shape[2]
-    if t != q_offset + 1 or q.shape[2] != 1 or k.dtype != v.dtype:
+    if t != q_offset + 1 or q.shape[2] != 1 or k.dtype != v.dtype or q.dtype != torch.float32:
         return None
-    ops = ops_for(q, k) if v.dtype == torch.float32 else _bf16_cache_ops(q, k, v)
+    ops = ops_for(q, k) if v.dtype == torch.float32 else bf16_ops(k, v, q)
     if ops is None:
         return None
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
     start = t - window if window and t > window else 0
     sinks = None if sinks is None else sinks.float().contiguous()
     return ops.decode_attention(q, k, v, scale, start, sinks)
-
-
-def _bf16_cache_ops(q, k, v):
-    """ops_for an f32 query over a bf16 cache (the op widens each element as it reads)."""
-    if k.dtype != torch.bfloat16 or not k.is_cpu:
-        return None
-    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-        return None
-    return ops_for(q, q)
 
 
 def rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):

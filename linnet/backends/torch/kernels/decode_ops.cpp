@@ -7,6 +7,7 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -49,6 +50,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// bf16 bits <-> f32: widening is exact; rounding to nearest even, as torch's casts round
+inline float widen(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float widen(float x) { return x; }
+inline uint16_t to_bf16(float f) { return c10::BFloat16(f).x; }
+
 // w * (x * rsqrt(mean(x^2) + eps)) for each row of x (..., n), as rms_norm_ref.
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "f32");
@@ -73,41 +84,83 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
   return y;
 }
 
+// bf16 x and w: x widened and normalised as `rms_norm` does it in f32, rounded to bf16, then
+// times w in bf16 (the product of two bf16 is exact in f32, rounded once): rms_norm_ref's
+// two roundings, bit for bit what the widened op, a cast and torch's bf16 multiply give,
+// in one call instead of four.
+at::Tensor rms_norm_bf16(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+  TORCH_CHECK(x_in.scalar_type() == at::kBFloat16 && w_in.scalar_type() == at::kBFloat16, "bf16");
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n, "w: (", n, ")");
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t rows = n ? x.numel() / n : 0;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                   [&](int64_t lo, int64_t hi) {
+    std::vector<float> row(n);
+    for (int64_t r = lo; r < hi; ++r) {
+      for (int64_t i = 0; i < n; ++i) row[i] = widen(xp[r * n + i]);
+      const float mean = dot(row.data(), row.data(), n) / static_cast<float>(n);
+      const float inv = 1.f / std::sqrt(mean + static_cast<float>(eps));
+      for (int64_t i = 0; i < n; ++i)
+        yp[r * n + i] = to_bf16(widen(to_bf16(row[i] * inv)) * widen(wp[i]));
+    }
+  });
+  return y;
+}
+
+// One row of D: rope_ref's products, rounded, then summed (no fma: fp-contract is off).
+template <class In>
+inline void rope_row(const In* xr, const float* c, const float* sn, float* yr, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float p = widen(xr[j]) * c[j], q = widen(xr[j + half]) * sn[j];
+    yr[j] = p + q;
+  }
+  for (int64_t j = half; j < D; ++j) {
+    const float p = widen(xr[j]) * c[j], q = widen(xr[j - half]) * sn[j];
+    yr[j] = p + q;
+  }
+}
+
 // x [B, H, S, D] (any strides, D's 1) rotated at positions offset..offset+S with the
 // [N, D] tables (cos repeated, sin signed): x * cos + swap_halves(x) * sin, contiguous.
+// f32 x, or bf16 x: widened, the same f32 arithmetic, rounded once to bf16.
 at::Tensor rope(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
                 int64_t offset) {
-  TORCH_CHECK(x_in.dim() == 4 && x_in.scalar_type() == at::kFloat, "x: f32 (B, H, S, D)");
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x_in.dim() == 4 && (x_in.scalar_type() == at::kFloat || bf16),
+              "x: f32 or bf16 (B, H, S, D)");
   const at::Tensor x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = D / 2;
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 &&
                     t->size(1) == D, "tables: f32 (N, ", D, ")");
   TORCH_CHECK(D % 2 == 0 && offset >= 0 && offset + S <= cos.size(0) &&
                   sin.size(0) == cos.size(0), "positions past the tables");
   at::Tensor y = at::empty({B, H, S, D}, x.options());
-  const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>() + offset * D;
   const float* sp = sin.data_ptr<float>() + offset * D;
-  float* yp = y.data_ptr<float>();
   const int64_t sb = x.stride(0), sh = x.stride(1), ss = x.stride(2);
+  const float* xf = bf16 ? nullptr : x.data_ptr<float>();
+  float* yf = bf16 ? nullptr : y.data_ptr<float>();
+  const uint16_t* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr()) : nullptr;
+  uint16_t* yb = bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr()) : nullptr;
   at::parallel_for(0, B * H * S, std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)),
                    [&](int64_t lo, int64_t hi) {
+    std::vector<float> row(bf16 ? D : 0);
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t s = i % S, h = (i / S) % H, b = i / (S * H);
-      const float* xr = xp + b * sb + h * sh + s * ss;
-      const float* c = cp + s * D;
-      const float* sn = sp + s * D;
-      float* yr = yp + i * D;
-      for (int64_t j = 0; j < half; ++j) {  // products rounded, then summed: rope_ref's
-        const float p = xr[j] * c[j], q = xr[j + half] * sn[j];
-        yr[j] = p + q;
+      const int64_t s = i % S, h = (i / S) % H, b = i / (S * H), at = b * sb + h * sh + s * ss;
+      if (!bf16) {
+        rope_row(xf + at, cp + s * D, sp + s * D, yf + i * D, D);
+        continue;
       }
-      for (int64_t j = half; j < D; ++j) {
-        const float p = xr[j] * c[j], q = xr[j - half] * sn[j];
-        yr[j] = p + q;
-      }
+      rope_row(xb + at, cp + s * D, sp + s * D, row.data(), D);
+      for (int64_t j = 0; j < D; ++j) yb[i * D + j] = to_bf16(row[j]);
     }
   });
   return y;
@@ -162,14 +215,6 @@ float exp_sum(float* scores, int64_t lo, int64_t hi, float top) {
   for (; i < hi; ++i) total += scores[i] = std::exp(scores[i] - top);
   return total;
 }
-
-inline float widen(uint16_t bits) {  // bf16 -> f32: exact
-  const uint32_t u = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float widen(float x) { return x; }
 
 inline float dot(const float* a, const uint16_t* b, int64_t n) {  // f32 q against bf16 keys
   float s = 0.f;
@@ -305,6 +350,7 @@ at::Tensor decode_attention_rows_meta(const at::Tensor& q, const at::Tensor&,
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("rms_norm_bf16(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin, int offset) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale, int start, Tensor? sinks)"
         " -> Tensor");
@@ -314,6 +360,7 @@ TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
   m.impl("rms_norm", rms_norm);
+  m.impl("rms_norm_bf16", rms_norm_bf16);
   m.impl("rope", rope);
   m.impl("decode_attention", decode_attention);
   m.impl("decode_attention_rows", decode_attention_rows);
