@@ -9,8 +9,8 @@ library and rendering the template in a sandboxed jinja2 environment; importing 
 ~0.4 s of a fresh process (docs/zoo.md). This class does the same calls itself, and only
 for folders whose files transformers would take as they are: `_why_transformers` names
 anything else (a GGUF, another class, tokens the config adds, a template dictionary, ...)
-and the caller then loads transformers' tokenizer instead. tests/e2e/test_run.py checks
-the ids and text against AutoTokenizer.
+and the caller then loads transformers' tokenizer instead. tests/e2e/test_json_tokenizer.py
+checks the ids and text against AutoTokenizer.
 """
 
 from __future__ import annotations
@@ -79,17 +79,16 @@ def open_json_tokenizer(folder: Path) -> JsonTokenizer | None:
         return None
     try:
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-        if _why_transformers(folder, config, spec):
-            return None
         template = _template_of(folder, config)
         backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        if _why_transformers(folder, config, backend, template):
+            return None
     except Exception:  # noqa: BLE001 - transformers' loader then names what is wrong
         return None
     return JsonTokenizer(backend, config, template)
 
 
-def _why_transformers(folder: Path, config: dict, spec: dict) -> str | None:
+def _why_transformers(folder: Path, config: dict, backend, template) -> str | None:
     """What of these files transformers' loading would change or add (None: nothing)."""
     import jinja2
 
@@ -97,26 +96,25 @@ def _why_transformers(folder: Path, config: dict, spec: dict) -> str | None:
         return f"tokenizer_class {config.get('tokenizer_class')!r}"
     if tuple(int(p) for p in re.findall(r"\d+", jinja2.__version__)[:3]) < (3, 1, 6):
         return "jinja2 older than 3.1.6 (transformers refuses its sandbox)"
-    if spec.get("truncation") is not None or spec.get("padding") is not None:
+    if backend.truncation is not None or backend.padding is not None:
         return "truncation or padding in tokenizer.json"
     if config.get("split_special_tokens") or config.get("clean_up_tokenization_spaces"):
         return "split_special_tokens or clean_up_tokenization_spaces"
-    if len(spec.get("model", {}).get("vocab") or ()) > _BIG_VOCAB:
+    if backend.get_vocab_size(with_added_tokens=True) > _BIG_VOCAB:
         return "a vocabulary transformers may patch"
     if (folder / "additional_chat_templates").exists() or (folder / "chat_template.json").exists():
         return "more than one chat template"
-    template = config.get("chat_template")
     if template is not None and not isinstance(template, str):
         return "a dictionary of chat templates"
-    if re.search(r"\{%-?\s*generation\s*-?%\}", _template_of(folder, config) or ""):
+    if re.search(r"\{%-?\s*generation\s*-?%\}", template or ""):
         return "a {% generation %} block (transformers' own jinja2 extension)"
-    return _missing_tokens(config, spec)
+    return _missing_tokens(config, backend.get_added_tokens_decoder())
 
 
-def _missing_tokens(config: dict, spec: dict) -> str | None:
-    """A special or added token the config names that tokenizer.json lacks (transformers
-    would add it), or holds with other flags."""
-    held = {t.get("content"): t for t in spec.get("added_tokens") or () if isinstance(t, dict)}
+def _missing_tokens(config: dict, added: dict) -> str | None:
+    """A special or added token the config names that tokenizer.json's added tokens
+    (`added`: id -> AddedToken) lack (transformers would add it), or hold with other flags."""
+    held = {token.content: (index, token) for index, token in added.items()}
     for key in _NAMED:
         if config.get(key) is not None and _text(config[key]) not in held:
             return f"{key} not among tokenizer.json's added tokens"
@@ -125,20 +123,20 @@ def _missing_tokens(config: dict, spec: dict) -> str | None:
         for token in extra.values() if isinstance(extra, dict) else extra:
             if _text(token) not in held:
                 return f"{key} not among tokenizer.json's added tokens"
-    added = config.get("added_tokens_decoder") or {}
-    if not isinstance(added, dict):
+    named = config.get("added_tokens_decoder") or {}
+    if not isinstance(named, dict):
         return "added_tokens_decoder is not a mapping"
-    for index, token in added.items():
-        ours = held.get(_text(token))
-        flags = token if isinstance(token, dict) else {}
-        if ours is None or str(ours.get("id")) != str(index):
+    for index, token in named.items():
+        index_ours, ours = held.get(_text(token), (None, None))
+        if ours is None or str(index_ours) != str(index):
             return f"added token {index} not in tokenizer.json"
-        if any(k in ours and ours[k] != v for k, v in flags.items() if k != "content"):
+        flags = token.items() if isinstance(token, dict) else ()
+        if any(hasattr(ours, k) and getattr(ours, k) != v for k, v in flags if k != "content"):
             return f"added token {index} has other flags in tokenizer.json"
     return None
 
 
-def _template_of(folder: Path, config: dict) -> str | None:
+def _template_of(folder: Path, config: dict):
     """chat_template.jinja before the config's entry, as transformers takes them."""
     raw = folder / "chat_template.jinja"
     if raw.is_file():

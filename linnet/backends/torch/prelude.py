@@ -375,12 +375,6 @@ def rope_fast(x, cos, sin, offset):
 
 
 def attention_fast(q, k, v, causal, q_offset, window, scale, key_mask=None, sinks=None):
-    if q.dtype == torch.bfloat16 and q.shape[2] == 1 and q.is_cpu:
-        # one query over a bf16 cache read as it lies, f32 sums, rounded once: 12.6 against
-        # 35 us a call of torch's bf16 SDPA on an AVX512-BF16 Xeon (docs/torch.md)
-        out = _decode_attention(q.float(), k, v, causal, q_offset, window, scale, key_mask, sinks)
-        if out is not None:
-            return out.to(q.dtype)
     out = _decode_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)
     if out is None:
         out = _rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks)

@@ -60,6 +60,12 @@ inline float widen(uint16_t bits) {
 inline float widen(float x) { return x; }
 inline uint16_t to_bf16(float f) { return c10::BFloat16(f).x; }
 
+// 1 / sqrt(mean(x^2) + eps) of one row: both norms' (the bf16 one's bits rest on it)
+inline float inverse_rms(const float* x, int64_t n, double eps) {
+  const float mean = dot(x, x, n) / static_cast<float>(n);
+  return 1.f / std::sqrt(mean + static_cast<float>(eps));
+}
+
 // w * (x * rsqrt(mean(x^2) + eps)) for each row of x (..., n), as rms_norm_ref.
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "f32");
@@ -76,8 +82,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = xp + r * n;
       float* yr = yp + r * n;
-      const float mean = dot(xr, xr, n) / static_cast<float>(n);
-      const float inv = 1.f / std::sqrt(mean + static_cast<float>(eps));
+      const float inv = inverse_rms(xr, n, eps);
       for (int64_t i = 0; i < n; ++i) yr[i] = wp[i] * (xr[i] * inv);
     }
   });
@@ -103,8 +108,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x_in, const at::Tensor& w_in, double 
     std::vector<float> row(n);
     for (int64_t r = lo; r < hi; ++r) {
       for (int64_t i = 0; i < n; ++i) row[i] = widen(xp[r * n + i]);
-      const float mean = dot(row.data(), row.data(), n) / static_cast<float>(n);
-      const float inv = 1.f / std::sqrt(mean + static_cast<float>(eps));
+      const float inv = inverse_rms(row.data(), n, eps);
       for (int64_t i = 0; i < n; ++i)
         yp[r * n + i] = to_bf16(widen(to_bf16(row[i] * inv)) * widen(wp[i]));
     }

@@ -147,7 +147,6 @@ struct VnniProblem {
   const PairX* x;
   const uint8_t* blocks;
   const uint8_t* scales;
-  const float* half;
   float* y;
   int64_t batch, rows, groups;
 };
@@ -238,7 +237,7 @@ bool mxfp4_gemm_int8(const float* x, const uint8_t* blocks, const uint8_t* scale
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRowsPerTile * groups * 17));
 #if LINNET_MXFP4_VNNI
   const PairX pairs = pair_x(q, d, batch, groups);
-  const VnniProblem p{&pairs, blocks, scales, half_scales().data(), y, batch, rows, groups};
+  const VnniProblem p{&pairs, blocks, scales, y, batch, rows, groups};
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) vnni_rows<kRowsPerTile>(p, t * kRowsPerTile);
   });
