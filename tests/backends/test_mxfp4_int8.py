@@ -44,13 +44,15 @@ def _rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("scales", SCALES)
 @pytest.mark.parametrize("tokens", [1, 2, 3])
-def test_int8_linear_is_the_rounded_x_times_the_weights(tokens, scales):
+# the VNNI kernel takes blocks 4 at a time in chunks of 16: a last quad of 1, 2 or 3 blocks,
+# whole quads, and a second and third chunk (35: its last chunk a 3-block quad)
+@pytest.mark.parametrize("groups", [5, 6, 7, 8, 35])
+def test_int8_linear_is_the_rounded_x_times_the_weights(tokens, scales, groups):
     """Integer sums are exact, so the kernel differs from the f64 reference on the rounded x
     only by f32 scaling (one rounding) and summation (G lane steps, 3 of the lanes' final
     sum): within n u / (1 - n u) * sum |d q w|, n = G + 4. A code rounded the other way (off
     by one in a single element) costs d * |w|, far past that bound."""
-    rng = np.random.default_rng(tokens)
-    groups = 5
+    rng = np.random.default_rng(tokens * 100 + groups)
     blocks, sc = _pair(rng, (), 37, groups, SCALES[scales])
     x = torch.from_numpy(rng.standard_normal((tokens, groups * 32)).astype(np.float32))
     x[0, :32] = 0.0  # an all-zero block: d = 0
@@ -117,6 +119,34 @@ def test_routed_moe_declines_what_it_does_not_run():
     assert w_in.moe_routed(torch.randn(3, 32), *args, 1.702, 7.0) is None  # 3 x 2 > 4
     no_bias = (args[0], None, *args[2:])
     assert w_in.moe_routed(torch.randn(1, 32), *no_bias, 1.702, 7.0) is None
+
+
+def test_routed_weights_kept_between_calls_follow_the_tensors():
+    """moe_routed keeps its checked weight arguments from one call to the next; a new
+    tensor, an in-place update and a dtype swapped under the same object are each seen
+    (each result equals the reference on the weights as they are then)."""
+    rng = np.random.default_rng(9)
+    experts, dim, ffn, top_k = 8, 64, 64, 2
+    w_in = Mxfp4Experts.build(*_pair(rng, (experts,), 2 * ffn, dim // 32))
+    w_out = Mxfp4Experts.build(*_pair(rng, (experts,), dim, ffn // 32))
+    b_in, b_out = torch.randn(experts, 2 * ffn), torch.randn(experts, dim)
+    x, router_w, router_b = torch.randn(1, dim), torch.randn(experts, dim), torch.randn(experts)
+
+    def check(b_in, b_out):
+        got = w_in.moe_routed(x, router_w, router_b, top_k, b_in, w_out, b_out, 1.702, 7.0)
+        args = (x, router_w, router_b, top_k, w_in, b_in.float(), w_out, b_out, 1.702, 7.0)
+        want, _ = _routed_reference(*args)
+        assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        return got
+
+    first = check(b_in, b_out)
+    assert "_routed" in w_in.__dict__  # kept
+    moved = check(b_in, b_out + 1.0)  # a new tensor
+    assert not torch.equal(moved, first)
+    b_out.add_(1.0)  # the same object, updated in place
+    assert torch.equal(check(b_in, b_out), moved)
+    b_in.data = b_in.data.double()  # the same object, another dtype: converted, not refused
+    check(b_in, b_out)
 
 
 @pytest.fixture(scope="module")
