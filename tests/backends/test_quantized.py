@@ -50,8 +50,13 @@ def _gguf_dequantized(raw: np.ndarray, kind: str, shape) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
+@pytest.mark.parametrize("path", ["kernels", "pytorch"])
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
-def test_packed_layout_dequantizes_as_gguf_does(kind, cols):
+def test_packed_layout_dequantizes_as_gguf_does(kind, cols, path, monkeypatch):
+    """Both ways of widening the codes: the kernels' one pass (4- and 5-bit rows, where they
+    build) and the PyTorch ops."""
+    if path == "pytorch":
+        monkeypatch.setattr(PackedWeight, "_row_ops", lambda self, out: None)
     w, raw = _packed(kind, cols=cols)
     torch.testing.assert_close(
         w.dequantize(), _gguf_dequantized(raw, kind, w.shape), rtol=0, atol=0
@@ -265,13 +270,17 @@ def test_offsets_follow_from_the_scales(kind, monkeypatch):
 
 @pytest.mark.parametrize("kind,cols", CASES, ids=[f"{k}-{c}" for k, c in CASES])
 @pytest.mark.parametrize("chunk", [1 << 18, 3 * 512], ids=["whole", "3-rows"])
-def test_pytorch_path_in_blocks_of_rows(kind, cols, chunk, monkeypatch):
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_pytorch_path_in_blocks_of_rows(kind, cols, chunk, layout, monkeypatch):
     """Batches over KERNEL_MAX_ROWS take the PyTorch path even where the kernel runs;
-    3 rows a block: blocks of rows and a ragged end."""
+    3 rows a block: blocks of rows and a ragged end. x column-major too: a prefill's down
+    projection gets one (the blocked path's own result is one), and the 4-bit offsets sum
+    x's groups along whichever layout it has."""
     monkeypatch.setattr(quantized, "_CHUNK", chunk)
     w, raw = _packed(kind, rows=97, cols=cols)
     dense = _gguf_dequantized(raw, kind, w.shape)
     x = torch.randn(quantized.KERNEL_MAX_ROWS + 3, cols)
+    x = x.t().contiguous().t() if layout == "columns" else x
     calls = []
     blocked = quantized._blocked_linear
     monkeypatch.setattr(quantized, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a))

@@ -294,16 +294,19 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& codes, const at:
   return y;
 }
 
-// q5_0 rows as f32 scale * code (no offset: the PyTorch path applies it to x's sums),
-// into out (rows, cols): what the blocked path's GEMM reads (torch's bit ops took 7x the
-// time of q8_0's one multiply).
-void q5_0_scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Tensor& out) {
+// 4-bit (q4_0, q4_1, q4_K's rows) or q5_0 rows as f32 scale * code (no offset: the PyTorch
+// path applies it to x's sums), into out (rows, cols): what the blocked path's GEMM reads.
+// One pass; torch's bit ops took 7x the time of q8_0's one multiply for q5_0, and four
+// passes (and, multiply, shift, multiply) for 4-bit rows.
+template <bool Five>
+void scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Tensor& out) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous(), "out");
   const int64_t rows = scale.size(0), cols = scale.size(1) * kGroup, half = cols / 2;
-  const int64_t stride = half + cols / 8;
+  const int64_t stride = Five ? half + cols / 8 : half;
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous(), "codes");
-  TORCH_CHECK(codes.size(0) == rows && codes.size(1) == stride && cols % 32 == 0, "q5_0 codes");
+  TORCH_CHECK(codes.size(0) == rows && codes.size(1) == stride && cols % 32 == 0,
+              Five ? "q5_0 codes" : "4-bit codes");
   TORCH_CHECK(out.numel() == rows * cols, "out");
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float* s = scale.data_ptr<float>();
@@ -312,16 +315,26 @@ void q5_0_scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Ten
   at::parallel_for(0, rows, 16, [&](int64_t lo_row, int64_t hi_row) {
     for (int64_t r = lo_row; r < hi_row; ++r) {
       const uint8_t* row = c + r * stride;
-      for (int64_t j = 0; j < half; j += 16) {
+      for (int64_t j = 0; j < half; j += 16) {  // a 16-aligned chunk lies in one group
         V lo, hi;
         u4_chunk(row + j, lo, hi);
-        lo = mul(add(lo, fifth16(row + half, j)), bcast(s[r * groups + j / kGroup]));
-        hi = mul(add(hi, fifth16(row + half, half + j)), bcast(s[r * groups + (half + j) / kGroup]));
-        store(y + r * cols + j, lo);
-        store(y + r * cols + half + j, hi);
+        if constexpr (Five) {
+          lo = add(lo, fifth16(row + half, j));
+          hi = add(hi, fifth16(row + half, half + j));
+        }
+        store(y + r * cols + j, mul(lo, bcast(s[r * groups + j / kGroup])));
+        store(y + r * cols + half + j, mul(hi, bcast(s[r * groups + (half + j) / kGroup])));
       }
     }
   });
+}
+
+void q5_0_scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Tensor& out) {
+  scaled_codes<true>(codes, scale, out);
+}
+
+void q4_scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Tensor& out) {
+  scaled_codes<false>(codes, scale, out);
 }
 
 }  // namespace
@@ -329,9 +342,11 @@ void q5_0_scaled_codes(const at::Tensor& codes, const at::Tensor& scale, at::Ten
 TORCH_LIBRARY(linnet_kernels, m) {
   m.def("packed_linear(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
   m.def("q5_0_scaled_codes(Tensor codes, Tensor scale, Tensor(a!) out) -> ()");
+  m.def("q4_scaled_codes(Tensor codes, Tensor scale, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
   m.impl("packed_linear", packed_linear);
   m.impl("q5_0_scaled_codes", q5_0_scaled_codes);
+  m.impl("q4_scaled_codes", q4_scaled_codes);
 }
