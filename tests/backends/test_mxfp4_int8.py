@@ -49,9 +49,10 @@ def _rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("groups", [5, 6, 7, 8, 35])
 def test_int8_linear_is_the_rounded_x_times_the_weights(tokens, scales, groups):
     """Integer sums are exact, so the kernel differs from the f64 reference on the rounded x
-    only by f32 scaling (one rounding) and summation (G lane steps, 3 of the lanes' final
-    sum): within n u / (1 - n u) * sum |d q w|, n = G + 4. A code rounded the other way (off
-    by one in a single element) costs d * |w|, far past that bound."""
+    only by f32 scaling (one rounding) and summation (the AVX2 kernel: G lane steps and 3 of
+    the lanes' final sum; the VNNI one: ceil(G / 4) steps and a 4-level fold): within
+    n u / (1 - n u) * sum |d q w|, n = G + 4, which covers both. A code rounded the other way
+    (off by one in a single element) costs d * |w|, far past that bound."""
     rng = np.random.default_rng(tokens * 100 + groups)
     blocks, sc = _pair(rng, (), 37, groups, SCALES[scales])
     x = torch.from_numpy(rng.standard_normal((tokens, groups * 32)).astype(np.float32))

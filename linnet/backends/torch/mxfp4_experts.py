@@ -146,11 +146,17 @@ def _still_f32(weights) -> bool:
 
 def _fused_weights(router_w, router_b, w_in, w_out) -> bool:
     """The routed op's weights: an f32 router with a bias, both experts packed 3-D on the CPU."""
-    if router_b is None or router_w.dtype != torch.float32 or w_in.dtype != torch.float32:
-        return False
-    if not isinstance(w_out, Mxfp4Experts) or w_in.dim() != 3 or w_out.dim() != 3:
+    if router_b is None or router_w.dtype != torch.float32 or not _packed_pair(w_in, w_out):
         return False
     return w_in.blocks.is_cpu and w_out.blocks.is_cpu
+
+
+def _packed_pair(w_in, w_out) -> bool:
+    """Both expert weights packed 3-D (experts, ...), the first with f32 as its logical dtype:
+    what the fused ops read."""
+    if not isinstance(w_out, Mxfp4Experts) or w_in.dim() != 3 or w_out.dim() != 3:
+        return False
+    return w_in.dtype == torch.float32
 
 
 def _dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -183,9 +189,7 @@ def _kernel_ops(rows: int, device, w: Mxfp4Experts):
 def _fused_moe_ops(x, idx, w_in, w_out):
     """The kernels for f32 tokens on the CPU, at most one expert's worth of work per expert
     (tokens * top_k <= experts: each token reads its own experts), both weights packed 3-D."""
-    if not isinstance(w_out, Mxfp4Experts) or w_in.dim() != 3 or w_out.dim() != 3:
-        return None
-    if x.dtype != torch.float32 or w_in.dtype != torch.float32 or x.dim() != 2:
+    if not _packed_pair(w_in, w_out) or x.dtype != torch.float32 or x.dim() != 2:
         return None
     if idx is not None and idx.numel() > w_in.shape[0]:
         return None
