@@ -64,12 +64,16 @@ def linear_lowp(x, w, b=None):
         if gemv is not None:
             return gemv(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
     if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
-        return F.linear(x, w, b)
+        if rows >= _LOWP_MIN_ROWS or w.is_contiguous() or x.device.type != "cpu":
+            return F.linear(x, w, b)
+        # a column-major w (runners hold bf16 so): torch's linear copies it, 7x slower
+        y = torch.stack([torch.mv(w, r) for r in x.reshape(rows, -1)])
+        return (y if b is None else y + b).reshape(*x.shape[:-1], -1)
     x2 = x.reshape(rows, x.shape[-1]).float()
     out = torch.empty(rows, w.shape[0], dtype=x.dtype)
     step = max(1, _LOWP_CHUNK // w.shape[1])
-    for lo in range(0, w.shape[0], step):
-        part = torch.mm(x2, w[lo : lo + step].float().t())
+    for lo in range(0, w.shape[0], step):  # w^T's columns: whole runs of either layout
+        part = torch.mm(x2, w.t()[:, lo : lo + step].float())
         if b is not None:
             part += b[lo : lo + step]
         out[:, lo : lo + step] = part

@@ -5,7 +5,9 @@
     int8x_linear_op()           # packed_vnni.cpp's op (x rounded to int8) where this CPU has
                                 # AVX512-VNNI or AVX2 (packed_int8_avx2.cpp), or None
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op (AVX512-BF16's dot products, or AVX2's
-                                # widening FMAs), or None
+                                # widening FMAs), bf16_columns.cpp's for a column-major w,
+                                # or None
+    bf16_columns_preferred()    # hold bf16 linears column-major (no bf16 dot product here)
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
                                 # decode_attention_rows: one position per cache row)
@@ -36,6 +38,7 @@ import torch
 SOURCES = (
     "packed_gemv.cpp",
     "bf16_gemv.cpp",
+    "bf16_columns.cpp",
     "packed_vnni.cpp",
     "packed_int8_avx2.cpp",
     "mxfp4_gemv.cpp",
@@ -80,15 +83,37 @@ def load():
 
 
 def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
-    """`bf16_linear(x2, w, b)` for a CPU bf16 x and a contiguous bf16 weight whose rows are
-    whole 32-element blocks, where the kernels load (built with AVX512-BF16 or AVX2+FMA).
-    Asked for every bf16 decode linear (121 a SmolLM2 step): cheap checks, and `load()`'s
-    answer kept until LINNET_KERNELS changes (`step_ops`): 9.3 -> 2.3 us."""
-    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_cpu:
+    """`op(x2, w, b)` for a CPU bf16 x and a bf16 weight, where the kernels load: for a
+    contiguous w whose rows are whole 32-element blocks, bf16_gemv.cpp's (built with
+    AVX512-BF16 or AVX2+FMA); for a column-major one (w^T contiguous) of whole 16-row
+    blocks, bf16_columns.cpp's (AVX2+FMA). Asked for every bf16 decode linear (121 a
+    SmolLM2 step): cheap checks, and `load()`'s answer kept until LINNET_KERNELS changes
+    (`step_ops`): 9.3 -> 2.3 us."""
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_cpu or w.dim() != 2:
         return None
-    if w.dim() != 2 or w.shape[1] % 32 or not w.is_contiguous():
-        return None
-    return step_ops().bf16_linear if bf16_gemv_available() else None
+    if w.is_contiguous():
+        return step_ops().bf16_linear if not w.shape[1] % 32 and bf16_gemv_available() else None
+    if w.stride() == (1, w.shape[0]) and not w.shape[0] % 16 and w.shape[1] > 1:
+        return step_ops().bf16_linear_columns if _bf16_columns("native") else None
+    return None
+
+
+def bf16_columns_preferred() -> bool:
+    """Whether bf16 decode linears read faster held column-major here: bf16_columns.cpp
+    runs and this CPU has no bf16 dot product (the kernels were built without
+    AVX512-BF16), so the row-major alternative is the same widening FMAs in a worse
+    order (docs/torch.md, "Session 19")."""
+    return _bf16_columns("preferred")
+
+
+def _bf16_columns(answer: str) -> bool:
+    ops = step_ops()
+    if ops is None:
+        return False
+    key = f"bf16_columns_{answer}"
+    if key not in _loaded:
+        _loaded[key] = bool(getattr(ops, key)())
+    return _loaded[key]
 
 
 def bf16_gemv_available() -> bool:
@@ -170,6 +195,10 @@ def _register_fakes() -> None:
         return x.new_empty(*x.shape[:-1], scale.shape[0])
 
     @torch.library.register_fake("linnet_kernels::bf16_linear")
+    def _(x, w, b):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::bf16_linear_columns")
     def _(x, w, b):
         return x.new_empty(x.shape[0], w.shape[0])
 
