@@ -61,18 +61,20 @@ def test_smollm2_real_weights_over_ranks(smollm2_checkpoint, tmp_path, world):
     assert single.generate(torch.tensor(ids), NEW_TOKENS).tolist() == tokens
     key = f"{smollm2_checkpoint.name}:generated"
     assert all(r["runs"][key]["tokens"] == tokens for r in reports)
-    # each rank's peak memory grows by about its share (the embedding whole, its part of the
-    # rest; the file pages its memory map touched while slicing count too), below the whole
-    # model a rank reading everything would hold
+    # each rank's memory grows by about its share (the embedding whole, its part of the
+    # rest), below the whole model a rank reading everything would hold. Anonymous memory:
+    # peak RSS also counts the file pages the memory map touched, which depend on who else
+    # read the file (tp_worker.AnonPeak)
     whole = sum(t.nbytes for t in single.params.values())
     for r in reports:
         run = r["runs"][key]
-        grew = run["peak_rss_mb_after_load"] - run["peak_rss_mb_before_load"]
+        grew = run["peak_anon_mb_during_load"] - run["anon_mb_before_load"]
+        rss = run["peak_rss_mb_after_load"] - run["peak_rss_mb_before_load"]
         share = _share(single.params, plan, r["rank"], lambda t: t.nbytes)
-        print(f"rank {r['rank']}: peak RSS {run['peak_rss_mb_after_load']:.0f} MB, "
-              f"+{grew:.0f} MB by its load (its share {share / 2**20:.0f} MiB, "
+        print(f"rank {r['rank']}: anonymous memory +{grew:.0f} MB at most by its load, "
+              f"peak RSS +{rss:.0f} MB (its share {share / 2**20:.0f} MiB, "
               f"the model {whole / 2**20:.0f} MiB)")  # fmt: skip
-        # 35% (was 30%): with the embedding split the share fell by 54 MiB but the load's
-        # growth did not (rank 0 +428 -> +431 MiB, share 328 -> 274: 157 MiB = 31% above it,
-        # docs/parallel.md); the peak at the end of a run fell by 52 MiB (the half held)
-        assert grew * 2**20 < min(whole, share + 0.35 * whole), (r["rank"], grew)
+        # anonymous growth measured 263 MiB for rank 0 of 2 (share 274: some of it stays a
+        # view of the file), 212 for each of 3 (share 171); peak RSS, the measure before,
+        # grew 430 and 333 and needed share + 35% of the model (docs/parallel.md)
+        assert grew * 2**20 < min(whole, share + 0.2 * whole), (r["rank"], grew)

@@ -7,7 +7,7 @@ JOB_JSON: {"checkpoints": [...], "modes": [...], "ids": [[...]], "new_tokens": n
 "die_rank": r or null, "packed": [[checkpoint, dtype], ...], "device": "cpu" or "cuda"}.
 Each rank writes OUT_DIR/rank{r}.json: per checkpoint and mode the forward logits (rank 0
 only, as .pt beside it) and greedy tokens, or the error it ended with; its peak RSS before
-and after each load.
+and after each load, and its anonymous memory before and at most during each load.
 Packed runs are in mode generated, keyed `name:generated:dtype`.
 """
 
@@ -17,6 +17,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -30,6 +31,39 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB
+
+
+def anon_mb() -> float:
+    """This process's anonymous RSS (RssAnon): what it holds, without mapped file pages."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class AnonPeak:
+    """The largest `anon_mb` seen while the block runs, sampled every millisecond from a
+    thread (it gets the GIL at least every 5 ms; the copies of a load run longer). VmHWM's
+    growth also counts the file pages a load's memory map touches, and those depend on
+    who else read the checkpoint: a fault maps a whole large folio another process's read
+    left in the page cache, and SmolLM2's rank 0 grew 664 MiB instead of 428 in a full
+    suite run (2026-12-04) with the same code."""
+
+    def __enter__(self):
+        self.before = self.peak = anon_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, anon_mb())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, anon_mb())
 
 
 def drop_cached_pages(checkpoint: str) -> None:
@@ -62,12 +96,18 @@ def main() -> int:
         for ck, mode, dtype in runs:
             drop_cached_pages(ck)
             before = peak_rss_mb()
-            model = linnet.torch.load(
-                ck, dtype=dtype, mode=mode, tensor_parallel=world, device=job.get("device", "cpu")
-            )
+            with AnonPeak() as anon:
+                model = linnet.torch.load(
+                    ck,
+                    dtype=dtype,
+                    mode=mode,
+                    tensor_parallel=world,
+                    device=job.get("device", "cpu"),
+                )
             if job.get("die_rank") == rank:
                 os._exit(3)  # a rank that dies after loading, before the first collective
             memory = {"peak_rss_mb_before_load": before, "peak_rss_mb_after_load": peak_rss_mb()}
+            memory |= {"anon_mb_before_load": anon.before, "peak_anon_mb_during_load": anon.peak}
             logits = model.forward(ids)
             tokens = model.generate(ids, job["new_tokens"])
             key = f"{Path(ck).name}:{mode}" + ("" if dtype == "f32" else f":{dtype}")
