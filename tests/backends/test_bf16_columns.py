@@ -110,6 +110,7 @@ def test_kernels_off_column_major_reads_without_a_copy(monkeypatch):
     magnitude = x.double().abs() @ w.double().abs().t() + b.double().abs()
     bound = _bound(x, w, b, exact) + 2 * 2.0**-8 * magnitude  # the mv's rounding, then +b's
     assert ((got.double() - exact).abs() <= bound).all()
+    assert prelude.linear_lowp(x[:0], w, b).shape == (0, 48)  # no rows: torch's linear
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def linear_lowp(x, w, b=None):
         if gemv is not None:
             return gemv(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
     if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
-        if rows >= _LOWP_MIN_ROWS or w.is_contiguous() or x.device.type != "cpu":
+        if rows >= _LOWP_MIN_ROWS or not rows or w.is_contiguous() or x.device.type != "cpu":
             return F.linear(x, w, b)
         # a column-major w (runners hold bf16 so): torch's linear copies it, 7x slower
         y = torch.stack([torch.mv(w, r) for r in x.reshape(rows, -1)])

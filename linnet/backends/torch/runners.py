@@ -144,10 +144,11 @@ def column_major_stacks(uses: dict, bf16: bool = True):
 def column_major_linears(
     uses: dict, weights: dict, params: dict, tied: bool = True, bf16: bool = True
 ) -> dict:
-    """The other f32 CPU weights that `linear` reads and that read faster column-major
-    (`_column_major_wins`; stacked ones are written so by `stack_params`), re-held with the
-    same shape and values in column-major storage (`w.t().contiguous().t()`), in `params`
-    too under every name that shares the weight, so each is held once. Besides `linear`
+    """The other f32 (and, where preferred, bf16) CPU weights that `linear` reads and that
+    read faster column-major (`_column_major_wins`; stacked ones are written so by
+    `stack_params`), re-held with the same shape and values in column-major storage
+    (`w.t().contiguous().t()`), in `params` too under every name that shares the weight,
+    so each is held once. Besides `linear`
     only a `take` may read it: a tied lm_head's embedding, whose gather of a token's row
     reads it strided (576 floats a token for SmolLM2's, against the 113 MB the head's
     sgemv streams); `tied=False` leaves those (a tensor-parallel rank: the copy of its
