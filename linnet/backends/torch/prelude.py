@@ -63,12 +63,12 @@ def linear_lowp(x, w, b=None):
         gemv = _kernels.bf16_linear_op(x, w)  # one pass over the bf16 w (AVX512-BF16 or AVX2)
         if gemv is not None:
             return gemv(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
-    if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
-        if rows >= _LOWP_MIN_ROWS or not rows or w.is_contiguous() or x.device.type != "cpu":
-            return F.linear(x, w, b)
+    if 0 < rows < _LOWP_MIN_ROWS and x.is_cpu and not w.is_contiguous():
         # a column-major w (runners hold bf16 so): torch's linear copies it, 7x slower
         y = torch.stack([torch.mv(w, r) for r in x.reshape(rows, -1)])
         return (y if b is None else y + b).reshape(*x.shape[:-1], -1)
+    if x.device.type != "cpu" or _LOWP_NATIVE[x.dtype] or rows < _LOWP_MIN_ROWS:
+        return F.linear(x, w, b)
     x2 = x.reshape(rows, x.shape[-1]).float()
     out = torch.empty(rows, w.shape[0], dtype=x.dtype)
     step = max(1, _LOWP_CHUNK // w.shape[1])

@@ -1,16 +1,16 @@
 // bf16 linears for small batches over a column-major weight: w (rows, cols) held as w^T
 // contiguous, (cols, rows), as the generated runner holds bf16 linears where the CPU has
-// no bf16 dot product (`bf16_columns_preferred`). y += x[k] * w^T[k, :], four k a pass with
-// y's rows in L1, so the weights are read as one forward stream: on an AVX-512 Xeon running
-// this AVX2 code, SmolLM2's bf16 linears read 18.6-18.8 GB/s where the row-major kernel of
-// bf16_gemv.cpp reads 16.0-16.4 (one core, 8 KB prefetch; docs/torch.md, "Session 19").
+// no bf16 dot product (`bf16_columns_preferred`). y += x[k] * w^T[k, :], four k a pass
+// (each 16 rows of y loaded and stored once for the four), so the weights are read as one
+// forward stream: AVX2 code on an AVX-512 Xeon, one core, 8 KB prefetch, SmolLM2's bf16
+// shapes each in its own allocation, read 14.3-16.3 GB/s where bf16_gemv.cpp's row-major
+// tiles read 12.3-13.5 (docs/torch.md, "Session 19").
 // Each bf16 is widened to f32 in registers (exact), so the products are exact in f32 and
 // the sums f32, rounded once to bf16, as bf16_gemv.cpp's kernels compute, in another order.
 // Both cores: each thread sums its own range of k into its own y, then the ranges are added.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <cstdint>
@@ -33,8 +33,8 @@ namespace {
 namespace {
 
 // Prefetch distance in bytes along each of a pass's four w^T rows (they lie end to end):
-// SmolLM2's bf16 linears on one core read 13.2-14.1 GB/s with none, 15.0-15.6 with 1 KB,
-// 17.2 with 4 KB, 18.6-18.8 with 8 KB, 18.4-18.5 with 16 KB.
+// SmolLM2's bf16 linears in one allocation on one core read 13.1-14.1 GB/s with none,
+// 14.6-15.6 with 1 KB, 16.0-17.2 with 4 KB, 17.6-18.8 with 8 KB, 16.9-18.5 with 16 KB.
 constexpr int64_t kAhead = 8192;
 constexpr int kStep = 4;  // k a pass: y's 16 rows loaded and stored once for four k
 constexpr int64_t kMinShare = 1 << 16;  // weights a thread takes at least
