@@ -94,7 +94,7 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     if w.is_contiguous():
         return step_ops().bf16_linear if not w.shape[1] % 32 and bf16_gemv_available() else None
     if w.stride() == (1, w.shape[0]) and not w.shape[0] % 16 and w.shape[1] > 1:
-        return step_ops().bf16_linear_columns if _bf16_columns("native") else None
+        return step_ops().bf16_linear_columns if _built_answer("bf16_columns_native") else None
     return None
 
 
@@ -103,28 +103,24 @@ def bf16_columns_preferred() -> bool:
     runs and this CPU has no bf16 dot product (the kernels were built without
     AVX512-BF16), so the row-major alternative is the same widening FMAs in a worse
     order (docs/torch.md, "Session 19")."""
-    return _bf16_columns("preferred")
-
-
-def _bf16_columns(answer: str) -> bool:
-    ops = step_ops()
-    if ops is None:
-        return False
-    key = f"bf16_columns_{answer}"
-    if key not in _loaded:
-        _loaded[key] = bool(getattr(ops, key)())
-    return _loaded[key]
+    return _built_answer("bf16_columns_preferred")
 
 
 def bf16_gemv_available() -> bool:
     """Whether bf16_gemv.cpp's op runs here (the kernels load, built with AVX512-BF16 or
     AVX2+FMA)."""
+    return _built_answer("bf16_gemv_native")
+
+
+def _built_answer(op: str) -> bool:
+    """What the kernels' no-argument op `op` says about their build (False where they do
+    not load), asked once per process."""
     ops = step_ops()
     if ops is None:
         return False
-    if "bf16" not in _loaded:
-        _loaded["bf16"] = bool(ops.bf16_gemv_native())
-    return _loaded["bf16"]
+    if op not in _loaded:
+        _loaded[op] = bool(getattr(ops, op)())
+    return _loaded[op]
 
 
 def int8x_linear_op():
