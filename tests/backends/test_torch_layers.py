@@ -156,3 +156,8 @@ def test_inductor_cache_is_under_linnet_cache(monkeypatch, tmp_path):
     assert use_disk_cache() == tmp_path / "inductor" / "another"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_disk_cache() == tmp_path / "mine"  # the user's choice wins
+    # torch._dynamo's import writes torch's default there: not a choice, still keyed
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert use_disk_cache() == tmp_path / "inductor" / "another"

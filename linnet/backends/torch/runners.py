@@ -267,13 +267,27 @@ def use_disk_cache() -> Path:
     says where, so a second process finds them instead of compiling again (torch's own
     default is under /tmp). KEY is the C++ kernel library's build key: inductor's cache
     key does not cover what a custom op returns, so a graph traced against one build of
-    the kernels is never replayed against another."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    the kernels is never replayed against another. Importing torch._dynamo sets
+    TORCHINDUCTOR_CACHE_DIR to torch's default: that value is not a user's choice. (It
+    was taken for one: a graph compiled under another build of the kernels was replayed
+    from /tmp and aborted the process, docs/torch.md, "Compile once per layer shape".)"""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or _torch_default_cache_dir(chosen):
         env = os.environ.get("LINNET_CACHE")
         root = Path(env).expanduser() if env else Path.home() / ".cache" / "linnet"
         key = kernels.build_dir().name
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor" / key)
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def _torch_default_cache_dir(path: str) -> bool:
+    """Whether `path` is the directory torch's own `cache_dir()` writes into the
+    environment when nothing was set."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch: treat every setting as the user's
+        return False
+    return os.path.abspath(path) == os.path.abspath(default_cache_dir())
 
 
 def compile_entries(module, methods: dict) -> dict:
