@@ -31,37 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def ops():
-    ops = kernels.load()
-    assert ops is not None, "the C++ kernels did not build (see the warning)"
-    return ops
-
-
-class _Spy:
-    """The op namespace, counting calls by op name."""
-
-    def __init__(self, ops):
-        self.ops, self.calls = ops, {}
-
-    def __getattr__(self, name):
-        op = getattr(self.ops, name)
-
-        def counted(*args):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return op(*args)
-
-        return counted
-
-
-@pytest.fixture
-def spy(ops, monkeypatch):
-    """Counts the ops the helpers call; None where `step_ops` answers None."""
-    spy, real = _Spy(ops), kernels.step_ops
-    monkeypatch.setattr(kernels, "step_ops", lambda: spy if real() is not None else None)
-    return spy
-
-
 @pytest.mark.parametrize("n", [1, 7, 577, 1000])
 def test_rms_norm_within_f32_bound(spy, n):
     g = torch.Generator().manual_seed(n)
@@ -243,8 +212,9 @@ def test_fake_shapes_for_compile(ops):
 
 
 def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_path):
-    """Greedy decode, `generated`/`fast`: every step's norms, ropes and attentions are
-    the ops (2 norms and 2 ropes a layer and the final norm; one attention a layer)."""
+    """Greedy decode, `generated`/`fast`: every step's norms and attentions are the ops
+    (2 norms a layer and the final norm; each layer's ropes, cache writes and attention
+    one `attend_cached`: test_step_fusion.py)."""
     folder = build_tiny("llama", "base")
     reference = load_reference(folder)
     ids = probe_ids(reference.config.vocab_size)[:1]
@@ -262,8 +232,7 @@ def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_p
     steps = 6
     assert spy.calls == {
         "rms_norm": steps * (2 * layers + 1),
-        "rope": steps * 2 * layers,
-        "decode_attention": steps * layers,
+        "attend_cached": steps * layers,
     }
     assert math.isfinite(float(logits.abs().max()))
 
@@ -271,7 +240,7 @@ def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_p
 def test_tiny_gpt_oss_decode_with_sinks_and_window_matches_transformers(spy, tmp_path):
     """GPT-OSS (sinks on every layer, a window of 4 on alternate ones), `generated`/`fast`:
     decode steps past the window within 1e-4 of transformers' logits, each step's
-    attentions the op (the windowed layers start past key 0)."""
+    attentions the op (`attend_cached`; the windowed layers start past key 0)."""
     from tests.tiny_decoders import reference_logits
     from tests.tiny_gpt_oss import build_gpt_oss
 
@@ -286,7 +255,7 @@ def test_tiny_gpt_oss_decode_with_sinks_and_window_matches_transformers(spy, tmp
         got = model.decode(ids[:, pos : pos + 1], pos)
         assert (got - want[:, pos]).abs().max().item() <= 1e-4
     layers = model.hf_config["num_hidden_layers"]
-    assert spy.calls["decode_attention"] == (ids.shape[1] - 10) * layers
+    assert spy.calls["attend_cached"] == (ids.shape[1] - 10) * layers
 
 
 def _tiny_q8_decode(folder, ids, hop=False, steps=4, mode="generated"):

@@ -23,27 +23,12 @@ import torch.nn.functional as F
 import linnet.torch as lt
 from linnet.backends.torch import kernels
 from linnet.backends.torch import prelude as P
-from tests.backends.test_decode_ops import _Spy
 from tests.backends.test_rows import POSITIONS, check_schedule
 
 pytestmark = pytest.mark.skipif(
     not kernels.cpu_supported(), reason="the C++ kernels need an x86 CPU with AVX2"
 )
 LENGTHS = (1, 9, 40, 23, 2)  # each row's keys: its query sits at length - 1
-
-
-@pytest.fixture(scope="module")
-def ops():
-    ops = kernels.load()
-    assert ops is not None, "the C++ kernels did not build (see the warning)"
-    return ops
-
-
-@pytest.fixture
-def spy(ops, monkeypatch):
-    spy, real = _Spy(ops), kernels.step_ops
-    monkeypatch.setattr(kernels, "step_ops", lambda: spy if real() is not None else None)
-    return spy
 
 
 def _rows(heads, kv, d, g, dtype=torch.float32):

@@ -241,6 +241,7 @@ def test_linnet_torch_cli_writes_the_module(tmp_path):
         "from linnet.backends.torch.quantized import PackedWeight as _Packed",
         "from linnet.backends.torch.quantized import decode_linear as _decode_linear",
         "from linnet.backends.torch.quantized import packed_linear as _packed_linear",
+        "from linnet.backends.torch.step_kernels import attend_cached as _attend_cached",
         "from linnet.backends.torch.step_kernels import bf16_ops as _bf16_ops",
         "from linnet.backends.torch.step_kernels import decode_attention as _decode_attention",
         "from linnet.backends.torch.step_kernels import ops_for as _step_ops",

@@ -76,7 +76,7 @@ def state_ident(name: str) -> str:
     return name.replace(".", "_")
 
 
-def _shape_comment(value) -> str:
+def shape_comment(value) -> str:
     dims = ", ".join(str(d) for d in value.type.shape)
     return f"  # ({dims}) {value.type.dtype}" if value.type.shape else f"  # {value.type.dtype}"
 
@@ -179,7 +179,7 @@ def emit_node_lines(node, spell: Spell, names: dict, idents: set, temps: set, in
     if out is not None and text in idents:
         names[out] = text  # written in place: same buffer
     elif out is not None:
-        lines.append(f"        t{out.id} = {text}{_shape_comment(out)}")
+        lines.append(f"        t{out.id} = {text}{shape_comment(out)}")
         names[out] = f"t{out.id}"
         temps.add(f"t{out.id}")
     return lines

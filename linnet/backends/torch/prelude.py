@@ -42,6 +42,7 @@ try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch'
     from linnet.backends.torch.quantized import PackedWeight as _Packed
     from linnet.backends.torch.quantized import decode_linear as _decode_linear
     from linnet.backends.torch.quantized import packed_linear as _packed_linear
+    from linnet.backends.torch.step_kernels import attend_cached as _attend_cached
     from linnet.backends.torch.step_kernels import bf16_ops as _bf16_ops
     from linnet.backends.torch.step_kernels import decode_attention as _decode_attention
     from linnet.backends.torch.step_kernels import ops_for as _step_ops
@@ -49,6 +50,7 @@ try:  # Linnet's C++ kernels; a generated module run without linnet keeps torch'
 except ImportError:
     _kernels = _Packed = _packed_linear = _decode_linear = None
     _step_ops = _bf16_ops = _decode_attention = _rows_attention = lambda *args: None
+    _attend_cached = _step_ops
 
 
 def linear_lowp(x, w, b=None):

@@ -30,6 +30,7 @@ from linnet.backends.torch.codegen import (
 )
 from linnet.backends.torch.interp import Interpreter
 from linnet.backends.torch.outlined import emit_outlined
+from linnet.backends.torch.step_fusion import emit_fused
 from linnet.errors import LinnetError
 from linnet.ir.pipeline import run_pipeline
 from linnet.ir.program import Program
@@ -224,6 +225,8 @@ class GeneratedRunner:
         # outlined (the default when compiled): one method per layer kind, which is what
         # gets compiled, not the whole unrolled entry (`emit_outlined`)
         emitter = emit_outlined if (compiled if outlined is None else outlined) else None
+        if emitter is None and numerics == "fast":  # a layer's attention as one call
+            emitter = emit_fused
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
         weights = generated_weights(self.graphs, params, fused, tied_column_major, not compiled)

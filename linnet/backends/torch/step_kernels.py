@@ -72,3 +72,29 @@ def rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
     sinks = None if sinks is None else sinks.float().contiguous()
     return ops.decode_attention_rows(q, k, v, scale, q_offset.reshape(-1), window or 0, sinks)
+
+
+def attend_cached(y, lo, heads, cos, sin, at, k_cache, v_cache, window, scale, sinks=None):
+    """A decode layer's attention from its fused qkv output in one C++ call (what
+    `step_fusion` emits): y [B, 1, W] with q, k and v at columns `lo` (a triple), the new
+    k (rotated where `cos` is given) and v written to the caches at row `at`, each head
+    over keys 0..at (a window's last `window` of them), the heads merged, [B, 1, H * D].
+    f32, or bf16 (the cache as it lies). None where that is not the case (a prompt,
+    per-row positions, another dtype): the generated code then runs the separate ops."""
+    if type(at) is not int or y.dim() != 3 or y.shape[1] != 1 or y.stride(2) != 1:
+        return None
+    if not y.dtype == k_cache.dtype == v_cache.dtype:
+        return None
+    if y.dtype == torch.float32:
+        ops = ops_for(y, k_cache)
+    else:
+        ops = bf16_ops(y, k_cache, v_cache)
+    if ops is None or (cos is not None and cos.dtype != torch.float32):
+        return None
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or at >= k_cache.shape[2]:
+        return None
+    t = at + 1
+    scale = scale if scale is not None else 1.0 / math.sqrt(k_cache.shape[3])
+    start = t - window if window and t > window else 0
+    sinks = None if sinks is None else sinks.float().contiguous()
+    return ops.attend_cached(y, *lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks)

@@ -10,7 +10,8 @@
     bf16_columns_preferred()    # hold bf16 linears column-major (no bf16 dot product here)
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
-                                # decode_attention_rows: one position per cache row)
+                                # decode_attention_rows: one position per cache row,
+                                # attend_cached: a layer's attention from its qkv)
 
 The sources here are compiled with the machine's own instructions (`-O3 -march=native`)
 with the C++ compiler against torch's headers into `$LINNET_CACHE/kernels/KEY` (default
@@ -209,6 +210,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("linnet_kernels::decode_attention")
     def _(q, k, v, scale, start, sinks):
         return q.new_empty(q.shape)
+
+    @torch.library.register_fake("linnet_kernels::attend_cached")
+    def _(y, q_lo, k_lo, v_lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks):
+        return y.new_empty(y.shape[0], 1, heads * k_cache.shape[3])
 
 
 def _cpu_flags() -> str:

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -343,6 +344,98 @@ at::Tensor decode_attention_rows(const at::Tensor& q_in, const at::Tensor& k_in,
   return out;
 }
 
+// A decode layer's attention from its fused qkv output in one call (step_fusion.py: ~20
+// PyTorch calls a layer). y [B, 1, W] holds q, k and v at columns q_lo, k_lo, v_lo; per
+// batch row, k (rotated where the tables are given) and v are written to the caches at
+// row `at`, q is rotated, and each head attends keys start..at. The heads come back
+// merged, [B, 1, H * D]. T is y's element: f32, or bf16 (each rotated row rounded once as
+// `rope` rounds it, q widened again, the output rounded once). The same rope_row and
+// attend as the separate ops, so the same bits as rope, the cache writes and
+// decode_attention in turn.
+template <class T>
+void write_step(const Attn& a, const T* y, int64_t yb, int64_t q_lo, int64_t k_lo,
+                int64_t v_lo, const float* c, const float* sn, T* kc, T* vc, int64_t B,
+                int64_t KV, float* q) {
+  const int64_t D = a.D, H = a.H;
+  std::vector<float> row(D);
+  auto rotate = [&](const T* in, float* out) {
+    if (c != nullptr) {
+      rope_row(in, c, sn, out, D);
+      if (std::is_same_v<T, uint16_t>)  // `rope` rounds its bf16 result
+        for (int64_t j = 0; j < D; ++j) out[j] = widen(to_bf16(out[j]));
+    } else {
+      for (int64_t j = 0; j < D; ++j) out[j] = widen(in[j]);
+    }
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    const T* yr = y + b * yb;
+    for (int64_t h = 0; h < H; ++h) rotate(yr + q_lo + h * D, q + (b * H + h) * D);
+    for (int64_t g = 0; g < KV; ++g) {
+      T* kr = kc + b * a.kb + g * a.kh + (a.T - 1) * a.kt;
+      if (c == nullptr) {
+        std::memcpy(kr, yr + k_lo + g * D, D * sizeof(T));
+      } else {
+        rotate(yr + k_lo + g * D, row.data());
+        for (int64_t j = 0; j < D; ++j) {
+          if constexpr (std::is_same_v<T, uint16_t>) kr[j] = to_bf16(row[j]);
+          else kr[j] = row[j];
+        }
+      }
+      std::memcpy(vc + b * a.vb + g * a.vh + (a.T - 1) * a.vt, yr + v_lo + g * D, D * sizeof(T));
+    }
+  }
+}
+
+at::Tensor attend_cached(const at::Tensor& y, int64_t q_lo, int64_t k_lo, int64_t v_lo,
+                         int64_t H, const c10::optional<at::Tensor>& cos,
+                         const c10::optional<at::Tensor>& sin, int64_t at, at::Tensor k_cache,
+                         at::Tensor v_cache, double scale, int64_t start,
+                         const c10::optional<at::Tensor>& sinks) {
+  const bool bf16 = y.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((y.scalar_type() == at::kFloat || bf16) && y.dim() == 3 && y.size(1) == 1 &&
+                  y.stride(2) == 1, "y: f32 or bf16 (B, 1, W), W contiguous");
+  for (const at::Tensor* t : {&k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == y.scalar_type() && t->dim() == 4 && t->stride(3) == 1 &&
+                    t->sizes() == k_cache.sizes(), "caches: y's dtype, (B, KV, N, D)");
+  const int64_t B = y.size(0), W = y.size(2), KV = k_cache.size(1), N = k_cache.size(2),
+                D = k_cache.size(3);
+  TORCH_CHECK(k_cache.size(0) == B && KV > 0 && H % KV == 0, "caches: y's batch, GQA heads");
+  TORCH_CHECK(q_lo >= 0 && k_lo >= 0 && v_lo >= 0 && q_lo + H * D <= W && k_lo + KV * D <= W &&
+                  v_lo + KV * D <= W, "q, k, v columns within y");
+  TORCH_CHECK(at >= 0 && at < N && start >= 0 && start <= at, "at: 0..N-1, start: 0..at");
+  TORCH_CHECK(cos.has_value() == sin.has_value(), "rope: both tables or neither");
+  const float *cp = nullptr, *sp = nullptr;
+  if (cos.has_value()) {
+    for (const at::Tensor* t : {&*cos, &*sin})
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
+                      t->size(1) == D && t->size(0) > at, "tables: f32 (N, D) past at");
+    TORCH_CHECK(D % 2 == 0, "rope: an even head dim");
+    cp = cos->data_ptr<float>() + at * D;
+    sp = sin->data_ptr<float>() + at * D;
+  }
+  at::Tensor q = at::empty({B, H, 1, D}, y.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({B, 1, H * D}, y.options());
+  at::Tensor merged = bf16 ? at::empty({B, H, 1, D}, q.options()) : out;
+  const at::Tensor k4 = k_cache.narrow(2, 0, at + 1), v4 = v_cache.narrow(2, 0, at + 1);
+  Attn a = attn_args(q, k4, v4, sinks, merged, scale);
+  a.start = start;
+  if (bf16)
+    write_step(a, reinterpret_cast<const uint16_t*>(y.data_ptr()), y.stride(0), q_lo, k_lo,
+               v_lo, cp, sp, reinterpret_cast<uint16_t*>(k_cache.data_ptr()),
+               reinterpret_cast<uint16_t*>(v_cache.data_ptr()), B, KV, q.data_ptr<float>());
+  else
+    write_step(a, y.data_ptr<float>(), y.stride(0), q_lo, k_lo, v_lo, cp, sp,
+               k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), B, KV, q.data_ptr<float>());
+  const int64_t T = at + 1;
+  at::parallel_for(0, B * H, std::max<int64_t>(1, 32768 / std::max<int64_t>(T * D, 1)),
+                   [&](int64_t lo, int64_t hi) {
+    std::vector<float> scores(T);
+    for (int64_t i = lo; i < hi; ++i) attend(a, i / H, i % H, scores.data(), start, T);
+  });
+  if (bf16) out.copy_(merged.view({B, 1, H * D}));  // rounded once, as `.to(bf16)`
+  return out;
+}
+
 // Shapes for torch.compile's tracing (fake tensors fall back to Meta kernels).
 at::Tensor decode_attention_rows_meta(const at::Tensor& q, const at::Tensor&,
                                       const at::Tensor&, double, const at::Tensor&, int64_t,
@@ -360,6 +453,9 @@ TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
         " -> Tensor");
   m.def("decode_attention_rows(Tensor q, Tensor k, Tensor v, float scale, Tensor positions,"
         " int window, Tensor? sinks) -> Tensor");
+  m.def("attend_cached(Tensor y, int q_lo, int k_lo, int v_lo, int heads, Tensor? cos,"
+        " Tensor? sin, int at, Tensor(a!) k_cache, Tensor(b!) v_cache, float scale, int start,"
+        " Tensor? sinks) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
@@ -368,6 +464,7 @@ TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
   m.impl("rope", rope);
   m.impl("decode_attention", decode_attention);
   m.impl("decode_attention_rows", decode_attention_rows);
+  m.impl("attend_cached", attend_cached);
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, Meta, m) {
