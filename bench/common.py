@@ -39,3 +39,26 @@ def provenance() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", head, *sys.argv[1:]]),
     }
+
+
+def huge_pages(file: Path | None = None) -> dict:
+    """MB of this process in 2 MB pages: anonymous memory (Linnet's weights, where
+    madvised: linnet/backends/torch/huge_pages.py) and, for `file`, its page cache mapped
+    in 2 MB pages (llama.cpp's mmap of a GGUF file: how much depends on the page cache's
+    state, not on llama.cpp, and moves its decode by ~15%: docs/torch.md, "Session 21").
+    Empty off Linux."""
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return {}
+    anon = file_pmd = 0
+    in_file = False
+    for line in text.splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):  # a mapping's first line
+            in_file = file is not None and line.rstrip().endswith(str(Path(file).resolve()))
+        elif head == "AnonHugePages:":
+            anon += int(line.split()[1])
+        elif head == "FilePmdMapped:" and in_file:
+            file_pmd += int(line.split()[1])
+    return {"anon_huge_mb": anon >> 10, "file_pmd_mapped_mb": file_pmd >> 10}

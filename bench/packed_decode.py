@@ -3,7 +3,9 @@
 its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), the same with the step's
 norms, rope and attention on PyTorch's ops instead of decode_ops.cpp ("torch step ops"),
 with its f32 C++ kernel (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what
-ran before the kernels) and llama.cpp, all on the same GGUF file; for q4_k also the
+ran before the kernels), the first with the weights in 4 KB pages (LINNET_HUGE_PAGES=0:
+before session 21) and llama.cpp (mapping the file, its default, and reading it into its
+own memory), all on the same GGUF file; for q4_k also the
 integer kernel with the file's q5_0 matrices in q8_0's layout (before session 15).
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
@@ -29,24 +31,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import machine, provenance, versions  # noqa: E402
+from bench.common import huge_pages, machine, provenance, versions  # noqa: E402
 from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
 
 
-def linnet_decoder(path: Path, dtype: str, q5_as_q8=False):
+def linnet_decoder(path: Path, dtype: str, q5_as_q8=False, small_pages=False):
     """decode(prompt, n): prefill untimed, then n one-token greedy steps timed; q5_as_q8:
     the file's q5_0 matrices held in q8_0's layout (what every load did before session 15,
-    and what CPUs whose integer kernel is VNNI's hold)."""
+    and what CPUs whose integer kernel is VNNI's hold); small_pages: the weights where
+    torch allocated them (LINNET_HUGE_PAGES=0 while loading: before session 21)."""
+    import os
+
     import linnet.quantize
     import linnet.torch as lt
 
     keep = linnet.quantize.int8x_reads_q5_0
     if q5_as_q8:
         linnet.quantize.int8x_reads_q5_0 = lambda: False
+    if small_pages:
+        os.environ["LINNET_HUGE_PAGES"] = "0"
     try:
         model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
     finally:
         linnet.quantize.int8x_reads_q5_0 = keep
+        os.environ.pop("LINNET_HUGE_PAGES", None)
 
     def decode(ids, n, clock):
         model.reset()
@@ -59,12 +67,15 @@ def linnet_decoder(path: Path, dtype: str, q5_as_q8=False):
     return decode
 
 
-def llamacpp_decoder(gguf: Path, threads: int):
+def llamacpp_decoder(gguf: Path, threads: int, use_mmap=True):
+    """use_mmap=False: the file read into llama.cpp's own memory, not mapped from the
+    page cache (whose 2 MB pages come and go with the machine's history)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        str(gguf), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
-    )
+        str(gguf), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False,
+        use_mmap=use_mmap,
+    )  # fmt: skip
 
     def decode(ids, n, clock):
         llm.reset()
@@ -81,15 +92,19 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     """name -> (decode(ids, n, clock), LINNET_KERNELS for it); bf16: Linnet loads the HF
     folder in bf16 (its bf16 GEMV), llama.cpp the bf16 GGUF export; f32: both the f32 GGUF
     export (Linnet's linears through MKL, tall ones column-major: docs/torch.md)."""
-    run = linnet_decoder(Path(ckpt) if dtype == "bf16" else gguf, dtype)
+    path = Path(ckpt) if dtype == "bf16" else gguf
+    run = linnet_decoder(path, dtype)
     found = {
         "linnet int8 x": (run, "1"),
+        "linnet int8 x, 4 KB pages": (linnet_decoder(path, dtype, small_pages=True), "1"),
         "linnet torch step ops": (run, "nostep"),
         "linnet kernel": (run, "int8x=0"),
         "linnet pytorch": (run, "0"),
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
+        "llama.cpp, no mmap": (llamacpp_decoder(gguf, threads, use_mmap=False), "1"),
     }
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
+        found["linnet kernel, 4 KB pages"] = found.pop("linnet int8 x, 4 KB pages")
         del found["linnet int8 x"], found["linnet torch step ops"]
     if dtype == "q4_k":  # most of SmolLM2's q4_K_M is q5_0 (576-wide rows)
         found["linnet int8 x, q5_0 as q8_0"] = (linnet_decoder(gguf, dtype, q5_as_q8=True), "1")
@@ -118,7 +133,9 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
     kernels_mod.step_ops = step_ops
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
-    return {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
+    found = {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
+    found["huge_pages"] = huge_pages(gguf)  # while the variants are alive
+    return found
 
 
 def gguf_setup(args):
@@ -161,7 +178,10 @@ def main(argv=None) -> int:
         rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
         report.setdefault("results", {})[dtype] = rows
         cpp = rows["llama.cpp"]["ms_per_token"]
+        print(f"{dtype} 2 MB pages: {rows['huge_pages']}")
         for name, row in rows.items():
+            if name == "huge_pages":
+                continue
             speed = cpp / row["ms_per_token"]
             print(
                 f"{dtype} {name:<28} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"

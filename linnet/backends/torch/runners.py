@@ -28,6 +28,7 @@ from linnet.backends.torch.codegen import (
     lower_entries,
     state_ident,
 )
+from linnet.backends.torch.huge_pages import hold_in_huge_pages
 from linnet.backends.torch.interp import Interpreter
 from linnet.backends.torch.outlined import emit_outlined
 from linnet.backends.torch.step_fusion import emit_fused
@@ -233,6 +234,8 @@ class GeneratedRunner:
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()
+        # one mapping in 2 MB pages for the weights a step streams (huge_pages.py)
+        hold_in_huge_pages(self.module, params)
         self.inputs = entry_inputs(self.graphs)
         self.methods = {e: getattr(self.module, e) for e in self.graphs}
         self._views: dict = {}  # whole state name -> (tensor, {part ident: view})

@@ -1,0 +1,121 @@
+"""A CPU model's weights in transparent huge pages (Linux).
+
+A decode step streams every weight once (SmolLM2-135M: 540 MB in f32), and with 4 KB
+pages each 4 KB of it is a TLB entry: hundreds of thousands of page walks a step. Where
+the kernel's THP setting is `madvise` (the common default: `always` is rare), torch's
+allocations get 4 KB pages unless torch was started with THP_MEM_ALLOC_ENABLE=1.
+`hold_in_huge_pages` copies the weights' storages into one anonymous mapping marked
+MADV_HUGEPAGE, aligned to 2 MB, and points every tensor that shared a storage at its
+copy (views stay views, a tied weight stays one), so the old storages are freed. On
+sessions 16-21's AVX-512 Xeon the decode step was 5-14% faster (docs/torch.md,
+"Session 21"). Values and layouts do not change: only where the bytes lie.
+
+LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B, or a machine where compaction
+for huge pages stalls); elsewhere than Linux, or without MADV_HUGEPAGE, nothing moves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import torch
+
+from linnet.backends.torch.packed_tensor import PackedTensor
+
+HUGE = 2 << 20  # x86-64's PMD huge page
+ALIGN = 4096  # each storage's start in the mapping: page-aligned, as big allocations are
+MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) stay where they are
+_OFF = ("0", "off", "false", "no")
+
+
+def enabled() -> bool:
+    """Whether weights move into huge pages here (Linux's madvise, not switched off)."""
+    if os.environ.get("LINNET_HUGE_PAGES", "1").strip().lower() in _OFF:
+        return False
+    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
+
+
+def slots(module: torch.nn.Module, params: dict) -> list[tuple[dict, str]]:
+    """Every (dict, key) holding a weight's tensor: the module's parameters and buffers,
+    `params`' entries, and a packed weight's parts (its codes, scales, offsets)."""
+    found = []
+    for sub in module.modules():
+        found += [(d, k) for d in (sub._parameters, sub._buffers) for k in d]
+    found += [(params, k) for k in params]
+    packed = [d[k] for d, k in found if isinstance(d[k], PackedTensor)]
+    for value in {id(v): v for v in packed}.values():
+        found += [(vars(value), k) for k, v in vars(value).items() if type(v) is torch.Tensor]
+    return [(d, k) for d, k in found if type(d[k]) in (torch.Tensor, torch.nn.Parameter)]
+
+
+def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
+    """Moves the CPU storages of at least MIN_BYTES that the module's and `params`' weights
+    read into one MADV_HUGEPAGE mapping; returns the bytes moved (0: nothing moved).
+
+    Each slot gets a new tensor over the copy (one per old tensor object, so two slots
+    that held one object still do): setting the old tensor on the new storage in place
+    would keep a view's base, and with it the old storage, alive."""
+    if not enabled():
+        return 0
+    by_storage: dict[int, list[tuple[dict, str]]] = {}
+    for d, k in slots(module, params):
+        t = d[k]
+        storage = t.untyped_storage()
+        if t.device.type == "cpu" and storage.nbytes() >= MIN_BYTES and not t.requires_grad:
+            by_storage.setdefault(storage.data_ptr(), []).append((d, k))
+    if not by_storage:
+        return 0
+    sizes = {ptr: d[k].untyped_storage().nbytes() for ptr, [(d, k), *_] in by_storage.items()}
+    starts, total = {}, 0
+    for ptr, size in sizes.items():
+        starts[ptr] = total
+        total += -(-size // ALIGN) * ALIGN
+    arena = _mapping(total)
+    for ptr, places in by_storage.items():
+        _move(places, arena, starts[ptr], sizes[ptr])
+    _give_back_freed()
+    return total
+
+
+def _give_back_freed() -> None:
+    """glibc's malloc_trim: the old storages' heap pages back to the system (freed, they
+    still counted in the process's memory)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _mapping(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of `nbytes` over an anonymous mapping marked MADV_HUGEPAGE before
+    any page is touched, starting on a 2 MB boundary (the mapping over-allocated by 2 MB
+    to find one). The tensor keeps the mapping alive."""
+    mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    skip = -whole.data_ptr() % HUGE
+    return whole[skip : skip + nbytes]
+
+
+def _move(places: list, arena: torch.Tensor, start: int, size: int) -> None:
+    """Copies the storage the tensors at `places` share to arena[start:start+size] and
+    puts in each place a tensor over the copy at the old one's offset, shape and strides."""
+    d, k = places[0]
+    new = arena[start : start + size]
+    new.copy_(torch.empty(0, dtype=torch.uint8).set_(d[k].untyped_storage()))
+    storage = new.untyped_storage()
+    base = new.data_ptr() - storage.data_ptr()  # the arena's offset in the mapping
+    made: dict[
+        int, tuple
+    ] = {}  # old tensor's id -> (it, kept alive so ids stay unique; its replacement)
+    for d, k in places:
+        old = d[k]
+        if id(old) not in made:
+            offset = base // old.element_size() + old.storage_offset()
+            fresh = torch.empty(0, dtype=old.dtype).set_(storage, offset, old.shape, old.stride())
+            if isinstance(old, torch.nn.Parameter):
+                fresh = torch.nn.Parameter(fresh, requires_grad=False)
+            made[id(old)] = (old, fresh)
+        d[k] = made[id(old)][1]
