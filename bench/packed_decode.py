@@ -3,10 +3,11 @@
 its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), the same with the step's
 norms, rope and attention on PyTorch's ops instead of decode_ops.cpp ("torch step ops"),
 with its f32 C++ kernel (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what
-ran before the kernels), the first with the weights in 4 KB pages (LINNET_HUGE_PAGES=0:
-before session 21) and llama.cpp (mapping the file, its default, and reading it into its
-own memory), all on the same GGUF file; for q4_k also the
-integer kernel with the file's q5_0 matrices in q8_0's layout (before session 15).
+ran before the kernels), the first with its weights in 4 KB pages (LINNET_HUGE_PAGES=0:
+before session 21) and all in 2 MB pages (LINNET_HUGE_PAGES=always), and llama.cpp
+(mapping the file, its default, and reading it into its own memory), all on the same
+GGUF file; for q4_k also the integer kernel with the file's q5_0 matrices in q8_0's
+layout (before session 15).
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -35,11 +36,12 @@ from bench.common import huge_pages, machine, provenance, versions  # noqa: E402
 from bench.run import RESULTS, checkpoint_for, export_ggufs  # noqa: E402
 
 
-def linnet_decoder(path: Path, dtype: str, q5_as_q8=False, small_pages=False):
+def linnet_decoder(path: Path, dtype: str, q5_as_q8=False, pages=None):
     """decode(prompt, n): prefill untimed, then n one-token greedy steps timed; q5_as_q8:
     the file's q5_0 matrices held in q8_0's layout (what every load did before session 15,
-    and what CPUs whose integer kernel is VNNI's hold); small_pages: the weights where
-    torch allocated them (LINNET_HUGE_PAGES=0 while loading: before session 21)."""
+    and what CPUs whose integer kernel is VNNI's hold); pages: LINNET_HUGE_PAGES while
+    loading ("0": the weights where torch allocated them, as before session 21; "always":
+    every weight in 2 MB pages however slow they come; None: the default)."""
     import os
 
     import linnet.quantize
@@ -48,8 +50,8 @@ def linnet_decoder(path: Path, dtype: str, q5_as_q8=False, small_pages=False):
     keep = linnet.quantize.int8x_reads_q5_0
     if q5_as_q8:
         linnet.quantize.int8x_reads_q5_0 = lambda: False
-    if small_pages:
-        os.environ["LINNET_HUGE_PAGES"] = "0"
+    if pages is not None:
+        os.environ["LINNET_HUGE_PAGES"] = pages
     try:
         model = lt.load(str(path), dtype=dtype, mode="generated", numerics="fast")
     finally:
@@ -96,7 +98,8 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     run = linnet_decoder(path, dtype)
     found = {
         "linnet int8 x": (run, "1"),
-        "linnet int8 x, 4 KB pages": (linnet_decoder(path, dtype, small_pages=True), "1"),
+        "linnet int8 x, 4 KB pages": (linnet_decoder(path, dtype, pages="0"), "1"),
+        "linnet int8 x, 2 MB pages always": (linnet_decoder(path, dtype, pages="always"), "1"),
         "linnet torch step ops": (run, "nostep"),
         "linnet kernel": (run, "int8x=0"),
         "linnet pytorch": (run, "0"),
@@ -104,7 +107,8 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
         "llama.cpp, no mmap": (llamacpp_decoder(gguf, threads, use_mmap=False), "1"),
     }
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
-        found["linnet kernel, 4 KB pages"] = found.pop("linnet int8 x, 4 KB pages")
+        for pages in ("4 KB pages", "2 MB pages always"):
+            found[f"linnet kernel, {pages}"] = found.pop(f"linnet int8 x, {pages}")
         del found["linnet int8 x"], found["linnet torch step ops"]
     if dtype == "q4_k":  # most of SmolLM2's q4_K_M is q5_0 (576-wide rows)
         found["linnet int8 x, q5_0 as q8_0"] = (linnet_decoder(gguf, dtype, q5_as_q8=True), "1")

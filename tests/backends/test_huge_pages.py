@@ -110,3 +110,32 @@ def test_small_storages_and_switched_off_stay(monkeypatch):
     monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
     monkeypatch.setenv("LINNET_HUGE_PAGES", "0")
     assert hold_in_huge_pages(module, {}) == 0 and module.norm.data_ptr() == ptr
+
+
+@pytest.mark.parametrize("setting", ["auto", "always"])
+def test_slow_faults_leave_the_rest_to_small_pages_unless_always(monkeypatch, setting):
+    """Every fault counted slow: `auto` keeps the first 2 MB page and marks the rest
+    MADV_NOHUGEPAGE (`nh`); `always` keeps them all huge. The copy reads the same."""
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+    monkeypatch.setattr(huge_pages, "SLOW_FAULT_S", -1.0)
+    monkeypatch.setenv("LINNET_HUGE_PAGES", setting)
+    module = torch.nn.Module()
+    module.register_buffer("w", torch.randn(3 * HUGE // 4))  # 6 MB: three 2 MB pages
+    want = module.w.clone()
+    hold_in_huge_pages(module, {})
+    first = module.w.data_ptr()
+    assert "hg" in _vm_flags(first)
+    later = _vm_flags(first + 2 * HUGE)
+    assert ("nh" in later) == (setting == "auto") and ("hg" in later) == (setting == "always")
+    assert torch.equal(module.w, want)
+
+
+def test_auto_moves_nothing_when_few_pages_come_huge(monkeypatch):
+    """`auto`, every fault slow: of a 10 MB storage only the first 2 MB page would be
+    huge (under a quarter), so the storage stays where it was."""
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+    monkeypatch.setattr(huge_pages, "SLOW_FAULT_S", -1.0)
+    module = torch.nn.Module()
+    module.register_buffer("w", torch.randn(5 * HUGE // 4))
+    ptr = module.w.data_ptr()
+    assert hold_in_huge_pages(module, {}) == 0 and module.w.data_ptr() == ptr

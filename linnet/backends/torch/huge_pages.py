@@ -7,11 +7,16 @@ allocations get 4 KB pages unless torch was started with THP_MEM_ALLOC_ENABLE=1.
 `hold_in_huge_pages` copies the weights' storages into one anonymous mapping marked
 MADV_HUGEPAGE, aligned to 2 MB, and points every tensor that shared a storage at its
 copy (views stay views, a tied weight stays one), so the old storages are freed. On
-sessions 16-21's AVX-512 Xeon the decode step was 5-14% faster (docs/torch.md,
-"Session 21"). Values and layouts do not change: only where the bytes lie.
+sessions 16-21's AVX-512 Xeon SmolLM2's decode step took 0-16% less time with every
+weight in 2 MB pages (bf16 14%, q8_0 16%, f32 3%, q4_0 none: docs/torch.md, "Session
+21"). Values and layouts do not change: only where the bytes lie.
 
-LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B, or a machine where compaction
-for huge pages stalls); elsewhere than Linux, or without MADV_HUGEPAGE, nothing moves.
+The pages are faulted in one by one before the copy (`_populate`): where a 2 MB page is
+slow to come (a VM whose memory the host backs lazily), the rest get 4 KB pages, so
+loading does not wait seconds for them, and where under a quarter came as 2 MB pages
+nothing moves. LINNET_HUGE_PAGES=always takes them however slow
+(a server that loads once), LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B);
+elsewhere than Linux nothing moves.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import time
 
 import torch
 
@@ -27,14 +33,17 @@ from linnet.backends.torch.packed_tensor import PackedTensor
 HUGE = 2 << 20  # x86-64's PMD huge page
 ALIGN = 4096  # each storage's start in the mapping: page-aligned, as big allocations are
 MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) stay where they are
+SLOW_FAULT_S = 0.004  # a 2 MB page fault this slow: the kernel has none at hand (_populate)
 _OFF = ("0", "off", "false", "no")
 
 
-def enabled() -> bool:
-    """Whether weights move into huge pages here (Linux's madvise, not switched off)."""
-    if os.environ.get("LINNET_HUGE_PAGES", "1").strip().lower() in _OFF:
-        return False
-    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
+def mode() -> str:
+    """ "off" (LINNET_HUGE_PAGES=0, or no madvise here: not Linux), "always" (every 2 MB
+    page however long its fault takes) or "auto" (the default: until one is slow)."""
+    value = os.environ.get("LINNET_HUGE_PAGES", "auto").strip().lower()
+    if value in _OFF or not (hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")):
+        return "off"
+    return "always" if value == "always" else "auto"
 
 
 def slots(module: torch.nn.Module, params: dict) -> list[tuple[dict, str]]:
@@ -57,7 +66,7 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     Each slot gets a new tensor over the copy (one per old tensor object, so two slots
     that held one object still do): setting the old tensor on the new storage in place
     would keep a view's base, and with it the old storage, alive."""
-    if not enabled():
+    if mode() == "off":
         return 0
     by_storage: dict[int, list[tuple[dict, str]]] = {}
     for d, k in slots(module, params):
@@ -73,6 +82,8 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
         starts[ptr] = total
         total += -(-size // ALIGN) * ALIGN
     arena = _mapping(total)
+    if arena is None:
+        return 0
     for ptr, places in by_storage.items():
         _move(places, arena, starts[ptr], sizes[ptr])
     _give_back_freed()
@@ -88,15 +99,36 @@ def _give_back_freed() -> None:
         pass
 
 
-def _mapping(nbytes: int) -> torch.Tensor:
+def _mapping(nbytes: int) -> torch.Tensor | None:
     """A uint8 tensor of `nbytes` over an anonymous mapping marked MADV_HUGEPAGE before
     any page is touched, starting on a 2 MB boundary (the mapping over-allocated by 2 MB
-    to find one). The tensor keeps the mapping alive."""
+    to find one), its pages faulted in by `_populate`. The tensor keeps the mapping alive.
+    None where (`auto`) under a quarter of it came in 2 MB pages: the copy (~0.2 s for
+    SmolLM2's 540 MB) would buy little."""
     mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
     skip = -whole.data_ptr() % HUGE
+    if _populate(mapping, skip, nbytes) < nbytes // 4 and mode() == "auto":
+        return None
     return whole[skip : skip + nbytes]
+
+
+def _populate(mapping: mmap.mmap, start: int, nbytes: int) -> int:
+    """Faults in the 2 MB pages of mapping[start:start+nbytes] one by one, and at the
+    first that takes longer than SLOW_FAULT_S gives the rest 4 KB pages; returns the
+    bytes faulted in as huge pages. A 2 MB page the kernel has at hand costs ~0.2 ms (it
+    is zeroed); on a VM whose memory the host backs lazily (Firecracker), once those run
+    out each cost ~32 ms, and 540 MB of them added 4.4 s to loading SmolLM2."""
+    for offset in range(start, start + nbytes, HUGE):
+        t = time.perf_counter()
+        mapping[offset] = 0  # the first write: the kernel backs the page
+        if time.perf_counter() - t > SLOW_FAULT_S and mode() == "auto":
+            rest = offset + HUGE
+            if rest < start + nbytes:
+                mapping.madvise(mmap.MADV_NOHUGEPAGE, rest, start + nbytes - rest)
+            return rest - start
+    return nbytes
 
 
 def _move(places: list, arena: torch.Tensor, start: int, size: int) -> None:
