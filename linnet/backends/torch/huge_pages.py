@@ -14,9 +14,9 @@ weight in 2 MB pages (bf16 14%, q8_0 16%, f32 3%, q4_0 none: docs/torch.md, "Ses
 The pages are faulted in one by one before the copy (`_populate`): where a 2 MB page is
 slow to come (a VM whose memory the host backs lazily), the rest get 4 KB pages, so
 loading does not wait seconds for them, and where under a quarter came as 2 MB pages
-nothing moves. LINNET_HUGE_PAGES=always takes them however slow
-(a server that loads once), LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B);
-elsewhere than Linux nothing moves.
+nothing moves. LINNET_HUGE_PAGES=always takes them however slow (a server that loads
+once), LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B); elsewhere than Linux
+nothing moves.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     Each slot gets a new tensor over the copy (one per old tensor object, so two slots
     that held one object still do): setting the old tensor on the new storage in place
     would keep a view's base, and with it the old storage, alive."""
-    if mode() == "off":
+    setting = mode()
+    if setting == "off":
         return 0
     by_storage: dict[int, list[tuple[dict, str]]] = {}
     for d, k in slots(module, params):
@@ -81,7 +82,7 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     for ptr, size in sizes.items():
         starts[ptr] = total
         total += -(-size // ALIGN) * ALIGN
-    arena = _mapping(total)
+    arena = _mapping(total, give_up=setting == "auto")
     if arena is None:
         return 0
     for ptr, places in by_storage.items():
@@ -99,31 +100,32 @@ def _give_back_freed() -> None:
         pass
 
 
-def _mapping(nbytes: int) -> torch.Tensor | None:
+def _mapping(nbytes: int, give_up: bool) -> torch.Tensor | None:
     """A uint8 tensor of `nbytes` over an anonymous mapping marked MADV_HUGEPAGE before
     any page is touched, starting on a 2 MB boundary (the mapping over-allocated by 2 MB
     to find one), its pages faulted in by `_populate`. The tensor keeps the mapping alive.
-    None where (`auto`) under a quarter of it came in 2 MB pages: the copy (~0.2 s for
-    SmolLM2's 540 MB) would buy little."""
+    None where (`give_up`: "auto") under a quarter of it came in 2 MB pages: the copy
+    (~0.2 s for SmolLM2's 540 MB) would buy little."""
     mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
     skip = -whole.data_ptr() % HUGE
-    if _populate(mapping, skip, nbytes) < nbytes // 4 and mode() == "auto":
+    if _populate(mapping, skip, nbytes, give_up) < nbytes // 4:  # only when giving up
         return None
     return whole[skip : skip + nbytes]
 
 
-def _populate(mapping: mmap.mmap, start: int, nbytes: int) -> int:
-    """Faults in the 2 MB pages of mapping[start:start+nbytes] one by one, and at the
-    first that takes longer than SLOW_FAULT_S gives the rest 4 KB pages; returns the
-    bytes faulted in as huge pages. A 2 MB page the kernel has at hand costs ~0.2 ms (it
-    is zeroed); on a VM whose memory the host backs lazily (Firecracker), once those run
-    out each cost ~32 ms, and 540 MB of them added 4.4 s to loading SmolLM2."""
+def _populate(mapping: mmap.mmap, start: int, nbytes: int, give_up: bool) -> int:
+    """Faults in the 2 MB pages of mapping[start:start+nbytes] one by one and, with
+    `give_up`, at the first that takes longer than SLOW_FAULT_S gives the rest 4 KB
+    pages; returns the bytes up to and with that page (all of them without one). A 2 MB
+    page the kernel has at hand costs ~0.2 ms (it is zeroed); on a VM whose memory the
+    host backs lazily (Firecracker), once those run out each cost ~30-75 ms, and 540 MB
+    of them added 4.4 s to loading SmolLM2."""
     for offset in range(start, start + nbytes, HUGE):
         t = time.perf_counter()
         mapping[offset] = 0  # the first write: the kernel backs the page
-        if time.perf_counter() - t > SLOW_FAULT_S and mode() == "auto":
+        if give_up and time.perf_counter() - t > SLOW_FAULT_S:
             rest = offset + HUGE
             if rest < start + nbytes:
                 mapping.madvise(mmap.MADV_NOHUGEPAGE, rest, start + nbytes - rest)
@@ -139,9 +141,8 @@ def _move(places: list, arena: torch.Tensor, start: int, size: int) -> None:
     new.copy_(torch.empty(0, dtype=torch.uint8).set_(d[k].untyped_storage()))
     storage = new.untyped_storage()
     base = new.data_ptr() - storage.data_ptr()  # the arena's offset in the mapping
-    made: dict[
-        int, tuple
-    ] = {}  # old tensor's id -> (it, kept alive so ids stay unique; its replacement)
+    # old tensor's id -> (the old tensor, kept so its id stays unique here; its new one)
+    made: dict[int, tuple] = {}
     for d, k in places:
         old = d[k]
         if id(old) not in made:
