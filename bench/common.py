@@ -45,7 +45,8 @@ def huge_pages(file: Path | None = None) -> dict:
     """MB of this process in 2 MB pages: anonymous memory (Linnet's weights, where
     madvised: linnet/backends/torch/huge_pages.py) and, for `file`, its page cache mapped
     in 2 MB pages (llama.cpp's mmap of a GGUF file: how much depends on the page cache's
-    state, not on llama.cpp, and moves its decode by ~15%: docs/torch.md, "Session 21").
+    state, not on llama.cpp; its f32 decode of one file ranged 37-51 ms a token in one day:
+    docs/torch.md, "Session 21").
     Empty off Linux."""
     try:
         text = Path("/proc/self/smaps").read_text()

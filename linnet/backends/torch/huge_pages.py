@@ -28,20 +28,22 @@ import time
 
 import torch
 
+from linnet.backends.torch.kernels import OFF_VALUES
 from linnet.backends.torch.packed_tensor import PackedTensor
 
 HUGE = 2 << 20  # x86-64's PMD huge page
 ALIGN = 4096  # each storage's start in the mapping: page-aligned, as big allocations are
 MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) stay where they are
 SLOW_FAULT_S = 0.004  # a 2 MB page fault this slow: the kernel has none at hand (_populate)
-_OFF = ("0", "off", "false", "no")
 
 
 def mode() -> str:
     """ "off" (LINNET_HUGE_PAGES=0, or no madvise here: not Linux), "always" (every 2 MB
     page however long its fault takes) or "auto" (the default: until one is slow)."""
     value = os.environ.get("LINNET_HUGE_PAGES", "auto").strip().lower()
-    if value in _OFF or not (hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")):
+    if value in OFF_VALUES or not (
+        hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
+    ):
         return "off"
     return "always" if value == "always" else "auto"
 

@@ -47,7 +47,7 @@ SOURCES = (
     "decode_ops.cpp",
 )
 FLAGS = ("-O3", "-march=native")
-_OFF = ("0", "off", "false", "no")
+OFF_VALUES = ("0", "off", "false", "no")  # what turns an environment switch off
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
 _KEY = "LINNET_KERNELS"
 # os.environ's own bytes-keyed store (POSIX CPython: what setenv and monkeypatch write
@@ -65,7 +65,7 @@ def _switches() -> tuple:
 
 def enabled() -> bool:
     """False when LINNET_KERNELS is 0/off/false/no: the PyTorch fallback everywhere."""
-    return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in _OFF
+    return os.environ.get("LINNET_KERNELS", "1").strip().lower() not in OFF_VALUES
 
 
 def cpu_supported() -> bool:
@@ -142,7 +142,7 @@ def int8x_linear_op():
 
 def _int8x_op():
     ops = load()
-    if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in _OFF:
+    if ops is None or os.environ.get("LINNET_INT8X", "1").strip().lower() in OFF_VALUES:
         return None
     if "int8x" not in _loaded:
         _loaded["int8x"] = bool(ops.int8x_native())
