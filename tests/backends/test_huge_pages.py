@@ -6,7 +6,9 @@
 - what shared a storage still does (a stack's parts, a tied head and embedding), a
   tensor held in two places is one tensor after, and a view's old base is freed;
 - a packed weight's parts (q8_0) move and decode as before; tensors that need grads,
-  and storages under MIN_BYTES, stay.
+  and storages under MIN_BYTES, stay;
+- with slow faults, `auto` leaves the pages after the first to 4 KB pages, or moves
+  nothing where under a quarter came huge; `always` takes them all.
 """
 
 from __future__ import annotations
