@@ -2,12 +2,13 @@
 docs/torch.md): the op against the separate ops it replaces, and the generated runner's
 fused entries against the same runner without them.
 
-- the op gives the separate ops' bits (rope, the two cache writes, decode_attention, the
-  heads merged) and leaves the same caches: f32 and bf16, GQA and MHA, the first and the
-  last cache row, a window, sinks, no rope, an odd head dim, q/k/v at other columns;
+- the op gives the separate ops' bits (Qwen3's per-head q/k norms, rope, the two cache
+  writes, decode_attention, the heads merged) and leaves the same caches: f32 and bf16,
+  GQA and MHA, the first and the last cache row, a window, sinks, no rope, an odd head
+  dim, q/k/v at other columns, norms with and without rope;
 - every tiny decoder in `generated`/`fast` gives the unfused runner's logits and caches
   bit for bit over a prompt and greedy steps, each step's attentions one call a layer
-  (Qwen3's qk-norm between the heads and the rope is not matched: no call); a prompt and
+  (Qwen3's too, its q/k norms inside the call); a prompt and
   LINNET_KERNELS=0 run the source's ops under the call;
 - the matcher refuses a group one of whose values is read elsewhere;
 - the op refuses inconsistent operands with an error, and has a fake for tracing.
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 N = 50  # cache rows
 
 
-def _separate(y, lo, heads, tables, at, k_cache, v_cache, window, sinks):
+def _separate(y, lo, heads, tables, at, k_cache, v_cache, window, sinks, norms=None):
     """The source's ops as the unfused generated code runs them (the fast helpers)."""
     b, d, kv = y.shape[0], k_cache.shape[3], k_cache.shape[1]
 
@@ -41,6 +42,8 @@ def _separate(y, lo, heads, tables, at, k_cache, v_cache, window, sinks):
         return y[:, :, start : start + n * d].reshape(b, 1, n, d).permute(0, 2, 1, 3)
 
     q, k, v = split(lo[0], heads), split(lo[1], kv), split(lo[2], kv)
+    if norms is not None:
+        q, k = P.rms_norm_fast(q, norms[0], norms[2]), P.rms_norm_fast(k, norms[1], norms[2])
     if tables is not None:
         q, k = (P.rope_fast(x, *tables, at) for x in (q, k))
     k_cache[:, :, at : at + 1].copy_(k)
@@ -50,19 +53,23 @@ def _separate(y, lo, heads, tables, at, k_cache, v_cache, window, sinks):
     return o.permute(0, 2, 1, 3).reshape(b, 1, heads * d)
 
 
-CASES = [  # batch, heads, kv heads, head dim, at, window, sinks, rope, columns before q
-    (1, 9, 3, 64, 40, 0, False, True, 0),  # SmolLM2's attention
-    (2, 6, 2, 16, 0, 0, False, True, 0),  # the first position
-    (3, 6, 3, 40, N - 1, 7, True, True, 0),  # the cache's last row, a window, sinks
-    (2, 4, 4, 17, 12, 0, False, False, 0),  # MHA, no rope (GPT-2), an odd head dim
-    (1, 4, 2, 8, 30, 0, True, True, 5),  # q, k and v after five other columns
+CASES = [  # batch, heads, kv heads, head dim, at, window, sinks, rope, columns before q, norm
+    (1, 9, 3, 64, 40, 0, False, True, 0, False),  # SmolLM2's attention
+    (2, 6, 2, 16, 0, 0, False, True, 0, False),  # the first position
+    (3, 6, 3, 40, N - 1, 7, True, True, 0, False),  # the cache's last row, a window, sinks
+    (2, 4, 4, 17, 12, 0, False, False, 0, False),  # MHA, no rope (GPT-2), an odd head dim
+    (1, 4, 2, 8, 30, 0, True, True, 5, False),  # q, k and v after five other columns
+    (1, 8, 4, 32, 20, 0, False, True, 0, True),  # Qwen3: q and k normalised, then rotated
+    (2, 4, 2, 17, 9, 4, True, False, 3, True),  # normalised, no rope, odd dim, a window
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("b", "heads", "kv", "d", "at", "window", "sinks", "rope", "pad"), CASES)
+@pytest.mark.parametrize(
+    ("b", "heads", "kv", "d", "at", "window", "sinks", "rope", "pad", "norm"), CASES
+)
 def test_op_is_the_separate_ops_bit_for_bit(
-    spy, dtype, b, heads, kv, d, at, window, sinks, rope, pad
+    spy, dtype, b, heads, kv, d, at, window, sinks, rope, pad, norm
 ):
     g = torch.Generator().manual_seed(at * 7 + d)
     width = pad + (heads + 2 * kv) * d + 3
@@ -71,15 +78,19 @@ def test_op_is_the_separate_ops_bit_for_bit(
     caches = (torch.randn(2, b, kv, N, d, generator=g) * 2).to(dtype)
     tables = P.rope_tables(d, N, 10000.0, "default", 1, 1, 1, 1) if rope else None
     s = torch.randn(heads, generator=g) if sinks else None
+    weights = (torch.rand(2, d, generator=g) + 0.5).to(dtype)  # q's and k's norm weights
+    norms = (weights[0], weights[1], 1e-6) if norm else None
     want_k, want_v = caches[0].clone(), caches[1].clone()
-    want = _separate(y, lo, heads, tables, at, want_k, want_v, window, s)
+    want = _separate(y, lo, heads, tables, at, want_k, want_v, window, s, norms)
     separate_calls = dict(spy.calls)
     assert separate_calls.get("decode_attention") == 1  # the comparison is op against op
     assert separate_calls.get("rope", 0) == (2 if rope else 0)
+    norm_op = "rms_norm" if dtype == torch.float32 else "rms_norm_bf16"
+    assert separate_calls.get(norm_op, 0) == (2 if norm else 0)
     spy.calls.clear()
     k_cache, v_cache = caches[0].clone(), caches[1].clone()
     cos, sin = tables if rope else (None, None)
-    got = SK.attend_cached(y, lo, heads, cos, sin, at, k_cache, v_cache, window, None, s)
+    got = SK.attend_cached(y, lo, heads, cos, sin, at, k_cache, v_cache, window, None, s, norms)
     assert spy.calls == {"attend_cached": 1}
     assert got.dtype == dtype and got.shape == (b, 1, heads * d)
     assert torch.equal(got, want)
@@ -106,10 +117,7 @@ def test_fused_runner_gives_the_unfused_bits(spy, monkeypatch, key, dtype):
     calls = spy.calls.get("attend_cached", 0)
     layers = len(model.runner.module.layers)
     groups = model.runner.text.split("    def decode(")[1].count("= _attend_cached(")
-    if key[0] == "Qwen3ForCausalLM":  # rms_norm on q and k before the rope: not matched
-        assert groups == 0 and calls == 0
-    else:
-        assert groups == layers and calls == steps * layers  # the prompt: the source's ops
+    assert groups == layers and calls == steps * layers  # the prompt: the source's ops
     monkeypatch.setattr(runners, "emit_fused", None)  # the runner as it was
     _, want, want_state = _decode(folder, dtype, steps)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -146,7 +154,7 @@ def test_op_refuses_inconsistent_operands(ops):
     y = torch.randn(1, 1, 96)
     cos, sin = P.rope_tables(8, 8, 10000.0, "default", 1, 1, 1, 1)
     k, v = torch.zeros(2, 1, 2, 8, 8)
-    good = (y, 0, 64, 80, 8, cos, sin, 3, k, v, 0.3, 0, None)
+    good = (y, 0, 64, 80, 8, cos, sin, 3, k, v, 0.3, 0, None, None, None, 1e-6)
     assert ops.attend_cached(*good).shape == (1, 1, 64) and k[:, :, 3].abs().sum() > 0
     bad = {
         "at past the cache": {7: 8},
@@ -155,6 +163,9 @@ def test_op_refuses_inconsistent_operands(ops):
         "heads not a multiple of the kv heads": {4: 7},
         "one table": {6: None},
         "start past at": {11: 4},
+        "one norm weight": {13: torch.ones(8)},
+        "norm weights not the head dim": {13: torch.ones(7), 14: torch.ones(7)},
+        "bf16 norm weights for f32 y": {13: torch.ones(8).bfloat16(), 14: torch.ones(8).bfloat16()},
     }
     for what, change in bad.items():
         args = list(good)
@@ -169,7 +180,8 @@ def test_op_refuses_inconsistent_operands(ops):
 def test_fake_shape_for_tracing(ops):
     k, v = torch.zeros(2, 1, 2, 8, 8)
     cos, sin = P.rope_tables(8, 8, 10000.0, "default", 1, 1, 1, 1)
-    args = (torch.randn(1, 1, 96), 0, 64, 80, 8, cos, sin, 3, k, v, 0.3, 0, torch.randn(8))
+    norms = (torch.rand(8) + 0.5, torch.rand(8) + 0.5, 1e-6)
+    args = (torch.randn(1, 1, 96), 0, 64, 80, 8, cos, sin, 3, k, v, 0.3, 0, torch.randn(8), *norms)
     torch.library.opcheck(
         ops.attend_cached.default, args, test_utils=("test_schema", "test_faketensor")
     )

@@ -18,7 +18,8 @@ op does not apply; guards inside the run are written before the call.
 A group is matched strictly, or the nodes are written as before: the attention causal,
 unmasked, at the step's position `at` (an int dim, not per-row positions); its keys and
 values the caches' rows 0..at+S after in-place writes at `at` of the rotated k and of v;
-q and k both rotated at `at` by one table, or neither; q, k and v split into heads from
+q and k both rotated at `at` by one table, or neither, and before that both normalised
+by a per-head RMSNorm of one eps (Qwen3), or neither; q, k and v split into heads from
 slices of one value along its last axis; the result's heads merged; nothing outside the
 group reading a value inside it; and nothing but guards between its first and last node.
 """
@@ -53,6 +54,7 @@ class Group:
     lo: tuple[int, int, int]  # q, k and v's first columns in y
     heads: int
     rope: dict | None  # the ropes' attrs (and head dim), or None: no rope
+    norms: tuple | None  # q's and k's per-head RMSNorm weights and eps (Qwen3), or None
     at: Poly
     caches: tuple  # the k and v state values written in place
     attention: Node
@@ -142,6 +144,14 @@ def _rope(g: _Graph, x, at: Poly):
     return found[0], node_attrs(found[1]), found[1].inputs[0]
 
 
+def _head_norm(g: _Graph, x):
+    """(index, weight, eps, input) of the RMSNorm making x over its head dim; None."""
+    found = g.node(x, "rms_norm")
+    if found is None:
+        return None
+    return found[0], found[1].inputs[1], node_attrs(found[1])["eps"], found[1].inputs[0]
+
+
 def _match(g: _Graph, index: int) -> Group | None:
     node = g.graph.nodes[index]
     a = node.attrs
@@ -162,6 +172,11 @@ def _match(g: _Graph, index: int) -> Group | None:
     if (q_rope is None) != (k_rope is None) or (q_rope and q_rope[1] != k_rope[1]):
         return None
     q4, k4 = (q_rope[2], k_rope[2]) if q_rope else (q, k_side[2])
+    q_norm, k_norm = _head_norm(g, q4), _head_norm(g, k4)
+    if (q_norm is None) != (k_norm is None) or (q_norm and q_norm[2] != k_norm[2]):
+        return None
+    if q_norm:
+        q4, k4 = q_norm[3], k_norm[3]
     if not (q4.type.shape[1].is_const and k4.type.shape[1].is_const):
         return None
     heads, kv = q4.type.shape[1].value, k4.type.shape[1].value
@@ -170,10 +185,12 @@ def _match(g: _Graph, index: int) -> Group | None:
         return None
     indices = [i for p in parts for i in p[0]] + k_side[0] + v_side[0]
     indices += [q_rope[0], k_rope[0]] if q_rope else []
+    indices += [q_norm[0], k_norm[0]] if q_norm else []
     indices = sorted(indices + [index, merge[0], out[0]])
     group = Group(
         indices, out[1].output, parts[0][1], tuple(p[2] for p in parts), heads,
-        q_rope[1] if q_rope else None, at, (k_side[1], v_side[1]), node,
+        q_rope[1] if q_rope else None, (q_norm[1], k_norm[1], q_norm[2]) if q_norm else None,
+        at, (k_side[1], v_side[1]), node,
     )  # fmt: skip
     return group if _closed(g, group) else None
 
@@ -215,8 +232,11 @@ def _call(group: Group, spell, names: dict) -> str:
         names[group.y], str(group.lo), str(group.heads), tables, spell.dim(group.at),
         k_cache, v_cache, spell.dim(a["window"] or 0), repr(a["scale"]),
     ]  # fmt: skip
-    if a.get("sinks"):
-        args.append(names[group.attention.inputs[3]])
+    if a.get("sinks") or group.norms:
+        args.append(names[group.attention.inputs[3]] if a.get("sinks") else "None")
+    if group.norms:
+        q_w, k_w, eps = group.norms
+        args.append(f"({names[q_w]}, {names[k_w]}, {eps!r})")
     return f"_attend_cached({', '.join(args)})"
 
 

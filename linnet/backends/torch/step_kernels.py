@@ -74,13 +74,17 @@ def rows_attention(q, k, v, causal, q_offset, window, scale, key_mask, sinks):
     return ops.decode_attention_rows(q, k, v, scale, q_offset.reshape(-1), window or 0, sinks)
 
 
-def attend_cached(y, lo, heads, cos, sin, at, k_cache, v_cache, window, scale, sinks=None):
+def attend_cached(
+    y, lo, heads, cos, sin, at, k_cache, v_cache, window, scale, sinks=None, norms=None
+):
     """A decode layer's attention from its fused qkv output in one C++ call (what
     `step_fusion` emits): y [B, 1, W] with q, k and v at columns `lo` (a triple), the new
-    k (rotated where `cos` is given) and v written to the caches at row `at`, each head
-    over keys 0..at (a window's last `window` of them), the heads merged, [B, 1, H * D].
-    f32, or bf16 (the cache as it lies). None where that is not the case (a prompt,
-    per-row positions, another dtype): the generated code then runs the separate ops."""
+    k (normalised by `norms`' k weights and rotated where `cos` is given) and v written to
+    the caches at row `at`, q normalised and rotated alike, each head over keys 0..at (a
+    window's last `window` of them), the heads merged, [B, 1, H * D]. `norms`: (q weights,
+    k weights, eps) of a per-head RMSNorm before the rope (Qwen3), in y's dtype. f32, or
+    bf16 (the cache as it lies). None where that is not the case (a prompt, per-row
+    positions, another dtype): the generated code then runs the separate ops."""
     if type(at) is not int or y.dim() != 3 or y.shape[1] != 1 or y.stride(2) != 1:
         return None
     if not y.dtype == k_cache.dtype == v_cache.dtype:
@@ -93,8 +97,13 @@ def attend_cached(y, lo, heads, cos, sin, at, k_cache, v_cache, window, scale, s
         return None
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or at >= k_cache.shape[2]:
         return None
+    q_norm, k_norm, eps = norms if norms is not None else (None, None, 0.0)
+    if norms is not None and not (q_norm.dtype == k_norm.dtype == y.dtype):
+        return None  # the separate norms take another path then (prelude.rms_norm_fast)
     t = at + 1
     scale = scale if scale is not None else 1.0 / math.sqrt(k_cache.shape[3])
     start = t - window if window and t > window else 0
     sinks = None if sinks is None else sinks.float().contiguous()
-    return ops.attend_cached(y, *lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks)
+    return ops.attend_cached(
+        y, *lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks, q_norm, k_norm, eps
+    )

@@ -212,7 +212,7 @@ def _register_fakes() -> None:
         return q.new_empty(q.shape)
 
     @torch.library.register_fake("linnet_kernels::attend_cached")
-    def _(y, q_lo, k_lo, v_lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks):
+    def _(y, q_lo, k_lo, v_lo, heads, cos, sin, at, k_cache, v_cache, scale, start, sinks, *norms):
         return y.new_empty(y.shape[0], 1, heads * k_cache.shape[3])
 
 

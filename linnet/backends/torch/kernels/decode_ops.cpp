@@ -346,21 +346,46 @@ at::Tensor decode_attention_rows(const at::Tensor& q_in, const at::Tensor& k_in,
 
 // A decode layer's attention from its fused qkv output in one call (step_fusion.py: ~20
 // PyTorch calls a layer). y [B, 1, W] holds q, k and v at columns q_lo, k_lo, v_lo; per
-// batch row, k (rotated where the tables are given) and v are written to the caches at
-// row `at`, q is rotated, and each head attends keys start..at. The heads come back
-// merged, [B, 1, H * D]. T is y's element: f32, or bf16 (each rotated row rounded once as
-// `rope` rounds it, q widened again, the output rounded once). The same rope_row and
-// attend as the separate ops, so the same bits as rope, the cache writes and
+// batch row, k (normalised and rotated where the weights and tables are given) and v are
+// written to the caches at row `at`, q is normalised and rotated alike, and each head
+// attends keys start..at. The heads come back merged, [B, 1, H * D]. T is y's element:
+// f32, or bf16 (each normalised row rounded as `rms_norm_bf16` rounds it, each rotated row
+// rounded once as `rope` rounds it, q widened again, the output rounded once). The same
+// arithmetic as the separate ops, so the same bits as rms_norm, rope, the cache writes and
 // decode_attention in turn.
+struct StepRows {
+  const float *cos, *sin;  // the rope tables' row `at`, or null: no rope
+  const void *q_norm, *k_norm;  // per-head RMSNorm weights (D, y's dtype), or null
+  double eps;
+};
+
+// One head's row normalised as rms_norm (f32) or rms_norm_bf16 (bf16) normalise it.
+inline void norm_row(const float* x, const float* w, float* out, int64_t D, double eps) {
+  const float inv = inverse_rms(x, D, eps);
+  for (int64_t i = 0; i < D; ++i) out[i] = w[i] * (x[i] * inv);
+}
+inline void norm_row(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t D,
+                     double eps) {
+  std::vector<float> row(D);
+  for (int64_t i = 0; i < D; ++i) row[i] = widen(x[i]);
+  const float inv = inverse_rms(row.data(), D, eps);
+  for (int64_t i = 0; i < D; ++i) out[i] = to_bf16(widen(to_bf16(row[i] * inv)) * widen(w[i]));
+}
+
 template <class T>
 void write_step(const Attn& a, const T* y, int64_t yb, int64_t q_lo, int64_t k_lo,
-                int64_t v_lo, const float* c, const float* sn, T* kc, T* vc, int64_t B,
-                int64_t KV, float* q) {
+                int64_t v_lo, const StepRows& r, T* kc, T* vc, int64_t B, int64_t KV,
+                float* q) {
   const int64_t D = a.D, H = a.H;
   std::vector<float> row(D);
-  auto rotate = [&](const T* in, float* out) {
-    if (c != nullptr) {
-      rope_row(in, c, sn, out, D);
+  std::vector<T> normed(D);
+  auto rotate = [&](const T* in, const void* norm, float* out) {
+    if (norm != nullptr) {
+      norm_row(in, static_cast<const T*>(norm), normed.data(), D, r.eps);
+      in = normed.data();
+    }
+    if (r.cos != nullptr) {
+      rope_row(in, r.cos, r.sin, out, D);
       if (std::is_same_v<T, uint16_t>)  // `rope` rounds its bf16 result
         for (int64_t j = 0; j < D; ++j) out[j] = widen(to_bf16(out[j]));
     } else {
@@ -369,13 +394,13 @@ void write_step(const Attn& a, const T* y, int64_t yb, int64_t q_lo, int64_t k_l
   };
   for (int64_t b = 0; b < B; ++b) {
     const T* yr = y + b * yb;
-    for (int64_t h = 0; h < H; ++h) rotate(yr + q_lo + h * D, q + (b * H + h) * D);
+    for (int64_t h = 0; h < H; ++h) rotate(yr + q_lo + h * D, r.q_norm, q + (b * H + h) * D);
     for (int64_t g = 0; g < KV; ++g) {
       T* kr = kc + b * a.kb + g * a.kh + (a.T - 1) * a.kt;
-      if (c == nullptr) {
+      if (r.cos == nullptr && r.k_norm == nullptr) {
         std::memcpy(kr, yr + k_lo + g * D, D * sizeof(T));
-      } else {
-        rotate(yr + k_lo + g * D, row.data());
+      } else {  // widened rows come back to T exactly where only the norm ran
+        rotate(yr + k_lo + g * D, r.k_norm, row.data());
         for (int64_t j = 0; j < D; ++j) {
           if constexpr (std::is_same_v<T, uint16_t>) kr[j] = to_bf16(row[j]);
           else kr[j] = row[j];
@@ -390,7 +415,9 @@ at::Tensor attend_cached(const at::Tensor& y, int64_t q_lo, int64_t k_lo, int64_
                          int64_t H, const c10::optional<at::Tensor>& cos,
                          const c10::optional<at::Tensor>& sin, int64_t at, at::Tensor k_cache,
                          at::Tensor v_cache, double scale, int64_t start,
-                         const c10::optional<at::Tensor>& sinks) {
+                         const c10::optional<at::Tensor>& sinks,
+                         const c10::optional<at::Tensor>& q_norm,
+                         const c10::optional<at::Tensor>& k_norm, double eps) {
   const bool bf16 = y.scalar_type() == at::kBFloat16;
   TORCH_CHECK((y.scalar_type() == at::kFloat || bf16) && y.dim() == 3 && y.size(1) == 1 &&
                   y.stride(2) == 1, "y: f32 or bf16 (B, 1, W), W contiguous");
@@ -404,14 +431,22 @@ at::Tensor attend_cached(const at::Tensor& y, int64_t q_lo, int64_t k_lo, int64_
                   v_lo + KV * D <= W, "q, k, v columns within y");
   TORCH_CHECK(at >= 0 && at < N && start >= 0 && start <= at, "at: 0..N-1, start: 0..at");
   TORCH_CHECK(cos.has_value() == sin.has_value(), "rope: both tables or neither");
-  const float *cp = nullptr, *sp = nullptr;
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "norms: both weights or neither");
+  StepRows r{nullptr, nullptr, nullptr, nullptr, eps};
   if (cos.has_value()) {
     for (const at::Tensor* t : {&*cos, &*sin})
       TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
                       t->size(1) == D && t->size(0) > at, "tables: f32 (N, D) past at");
     TORCH_CHECK(D % 2 == 0, "rope: an even head dim");
-    cp = cos->data_ptr<float>() + at * D;
-    sp = sin->data_ptr<float>() + at * D;
+    r.cos = cos->data_ptr<float>() + at * D;
+    r.sin = sin->data_ptr<float>() + at * D;
+  }
+  if (q_norm.has_value()) {
+    for (const at::Tensor* t : {&*q_norm, &*k_norm})
+      TORCH_CHECK(t->scalar_type() == y.scalar_type() && t->is_contiguous() && t->dim() == 1 &&
+                      t->size(0) == D, "norms: y's dtype, (D)");
+    r.q_norm = q_norm->data_ptr();
+    r.k_norm = k_norm->data_ptr();
   }
   at::Tensor q = at::empty({B, H, 1, D}, y.options().dtype(at::kFloat));
   at::Tensor out = at::empty({B, 1, H * D}, y.options());
@@ -421,10 +456,10 @@ at::Tensor attend_cached(const at::Tensor& y, int64_t q_lo, int64_t k_lo, int64_
   a.start = start;
   if (bf16)
     write_step(a, reinterpret_cast<const uint16_t*>(y.data_ptr()), y.stride(0), q_lo, k_lo,
-               v_lo, cp, sp, reinterpret_cast<uint16_t*>(k_cache.data_ptr()),
+               v_lo, r, reinterpret_cast<uint16_t*>(k_cache.data_ptr()),
                reinterpret_cast<uint16_t*>(v_cache.data_ptr()), B, KV, q.data_ptr<float>());
   else
-    write_step(a, y.data_ptr<float>(), y.stride(0), q_lo, k_lo, v_lo, cp, sp,
+    write_step(a, y.data_ptr<float>(), y.stride(0), q_lo, k_lo, v_lo, r,
                k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), B, KV, q.data_ptr<float>());
   const int64_t T = at + 1;
   at::parallel_for(0, B * H, std::max<int64_t>(1, 32768 / std::max<int64_t>(T * D, 1)),
@@ -455,7 +490,7 @@ TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
         " int window, Tensor? sinks) -> Tensor");
   m.def("attend_cached(Tensor y, int q_lo, int k_lo, int v_lo, int heads, Tensor? cos,"
         " Tensor? sin, int at, Tensor(a!) k_cache, Tensor(b!) v_cache, float scale, int start,"
-        " Tensor? sinks) -> Tensor");
+        " Tensor? sinks, Tensor? q_norm, Tensor? k_norm, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(linnet_kernels, CPU, m) {
