@@ -115,7 +115,8 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     return found
 
 
-def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
+def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]:
+    """Each variant's figures, and the MB in 2 MB pages while they are all loaded."""
     import os
 
     import torch
@@ -138,8 +139,7 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> dict:
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
     found = {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
-    found["huge_pages"] = huge_pages(gguf)  # while the variants are alive
-    return found
+    return found, huge_pages(gguf)  # read while the variants are alive
 
 
 def gguf_setup(args):
@@ -179,13 +179,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     clock, ckpt, gguf_dir, report = gguf_setup(args)
     for dtype in args.dtypes.split(","):
-        rows = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
+        rows, pages = measure(dtype, gguf_dir / f"model-{dtype}.gguf", ckpt, args, clock)
         report.setdefault("results", {})[dtype] = rows
+        report.setdefault("huge_pages", {})[dtype] = pages
         cpp = rows["llama.cpp"]["ms_per_token"]
-        print(f"{dtype} 2 MB pages: {rows['huge_pages']}")
+        print(f"{dtype} 2 MB pages: {pages}")
         for name, row in rows.items():
-            if name == "huge_pages":
-                continue
             speed = cpp / row["ms_per_token"]
             print(
                 f"{dtype} {name:<28} {row['ms_per_token']:8.1f} ms/token  {speed:5.2f}x llama.cpp"

@@ -359,17 +359,18 @@ struct StepRows {
   double eps;
 };
 
-// One head's row normalised as rms_norm (f32) or rms_norm_bf16 (bf16) normalise it.
-inline void norm_row(const float* x, const float* w, float* out, int64_t D, double eps) {
+// One head's row normalised as rms_norm (f32) or rms_norm_bf16 (bf16) normalise it
+// (`wide`: D floats of scratch for the widened bf16 row).
+inline void norm_row(const float* x, const float* w, float* out, int64_t D, double eps,
+                     float*) {
   const float inv = inverse_rms(x, D, eps);
   for (int64_t i = 0; i < D; ++i) out[i] = w[i] * (x[i] * inv);
 }
 inline void norm_row(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t D,
-                     double eps) {
-  std::vector<float> row(D);
-  for (int64_t i = 0; i < D; ++i) row[i] = widen(x[i]);
-  const float inv = inverse_rms(row.data(), D, eps);
-  for (int64_t i = 0; i < D; ++i) out[i] = to_bf16(widen(to_bf16(row[i] * inv)) * widen(w[i]));
+                     double eps, float* wide) {
+  for (int64_t i = 0; i < D; ++i) wide[i] = widen(x[i]);
+  const float inv = inverse_rms(wide, D, eps);
+  for (int64_t i = 0; i < D; ++i) out[i] = to_bf16(widen(to_bf16(wide[i] * inv)) * widen(w[i]));
 }
 
 template <class T>
@@ -377,11 +378,11 @@ void write_step(const Attn& a, const T* y, int64_t yb, int64_t q_lo, int64_t k_l
                 int64_t v_lo, const StepRows& r, T* kc, T* vc, int64_t B, int64_t KV,
                 float* q) {
   const int64_t D = a.D, H = a.H;
-  std::vector<float> row(D);
+  std::vector<float> row(D), wide(D);
   std::vector<T> normed(D);
   auto rotate = [&](const T* in, const void* norm, float* out) {
     if (norm != nullptr) {
-      norm_row(in, static_cast<const T*>(norm), normed.data(), D, r.eps);
+      norm_row(in, static_cast<const T*>(norm), normed.data(), D, r.eps, wide.data());
       in = normed.data();
     }
     if (r.cos != nullptr) {
