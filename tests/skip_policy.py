@@ -19,6 +19,7 @@ ALLOWED_REASONS = frozenset(
     {
         "CUDA graphs need a CUDA device",
         "layers on a CUDA device need CUDA",
+        "parity on a GPU needs a CUDA device",
         "tensor parallel over NCCL needs two CUDA devices",
     }
 )

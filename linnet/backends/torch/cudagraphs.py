@@ -49,6 +49,7 @@ class CudaGraphRunner:
         self.static = module.to(device).eval()
         self.max_positions = program.config["max_positions"]
         self.graph = None
+        self.bound: dict = {}  # state name -> the address the graph was captured over
 
     def run(self, entry, inputs, dims, state):
         if entry == "decode" and inputs[0].shape[1] == 1:
@@ -60,16 +61,20 @@ class CudaGraphRunner:
             raise LinnetError(
                 f"decode at position {pos} is past max_positions {self.max_positions}"
             )
-        if self.graph is None or self.tokens.shape != ids.shape:
-            self._capture(ids, state)
+        if self.graph is None or self.tokens.shape != ids.shape or self.bound != _ptrs(state):
+            self._capture(ids, pos, state)
         self.tokens.copy_(ids)
         self.positions.fill_(pos)
         self.graph.replay()
-        return self.out
+        return self.out.clone()  # the next replay overwrites self.out
 
-    def _capture(self, ids, state):
+    def _capture(self, ids, pos, state):
+        """Capture one decode step over these state tensors. The graph reads and writes
+        them by address: a new cache (`reset()`, another batch) needs a new capture."""
         self.tokens = ids.clone()
-        self.positions = torch.zeros(1, dtype=torch.int64, device=ids.device)
+        # The warm-up really runs: at `pos` it writes the cache slot the replay will
+        # write with the same values (at 0 it would overwrite the prompt's first token).
+        self.positions = torch.full((1,), pos, dtype=torch.int64, device=ids.device)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm up outside the capture
@@ -78,3 +83,8 @@ class CudaGraphRunner:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = self.static.decode(self.tokens, self.positions, **state)
+        self.bound = _ptrs(state)
+
+
+def _ptrs(state) -> dict:
+    return {name: t.data_ptr() for name, t in state.items()}
