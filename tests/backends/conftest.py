@@ -38,3 +38,18 @@ def spy(ops, monkeypatch):
     spy, real = Spy(ops), kernels.step_ops
     monkeypatch.setattr(kernels, "step_ops", lambda: spy if real() is not None else None)
     return spy
+
+
+@pytest.fixture(params=[0, 1], ids=["intel-choices", "amd-choices"])
+def amd_tuning(request):
+    """Both sides of kernels/cpu_tuning.h on this machine: its AMD choices forced off (0)
+    and on (1) for the test, the CPU's own choice restored after. Where the kernels do not
+    load there is nothing to force (the tests check the fallback)."""
+    if kernels.load() is None:
+        yield request.param
+        return
+    before = kernels.force_amd_tuning(request.param)
+    try:
+        yield request.param
+    finally:
+        kernels.force_amd_tuning(before)

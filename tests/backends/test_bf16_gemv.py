@@ -35,9 +35,10 @@ def test_op_offered_exactly_where_the_kernels_run():
 @pytest.mark.parametrize(
     "rows,cols,batch", [(97, 576, 1), (5, 64, 3), (1536, 96, 2), (13, 128, 8), (7, 64, 5)]
 )
-def test_linear_lowp_matches_exact_sums(rows, cols, batch, monkeypatch):
+def test_linear_lowp_matches_exact_sums(rows, cols, batch, amd_tuning, monkeypatch):
     """97 rows: tiles of 4 and a ragged end; 96 columns: three 32-blocks; batches of 1 to
-    8 (AVX2 takes x rows two at a time: odd batches end on one)."""
+    8 (AVX2 takes x rows two at a time: odd batches end on one); AVX512-BF16's rows side by
+    side and in sequence (kernels/cpu_tuning.h)."""
     calls = []
     offered = kernels.bf16_linear_op
     monkeypatch.setattr(kernels, "bf16_linear_op", lambda *a: calls.append(1) or offered(*a))
@@ -49,6 +50,26 @@ def test_linear_lowp_matches_exact_sums(rows, cols, batch, monkeypatch):
     ok = (got.double() - exact).abs() <= _bound(x, w, b, exact)  # NaN fails
     assert ok.all(), (got.double() - exact).abs().max()
     assert calls == [1]
+
+
+def test_rows_in_sequence_give_the_same_bits():
+    """kernels/cpu_tuning.h: AMD's walk (each row front to back) sums each row in the same
+    order as the side-by-side tiles, so the two give the same bits (97 rows: a ragged end)."""
+    if not kernels.cpu_supported():
+        assert (
+            kernels.bf16_linear_op(torch.ones(1, 64).bfloat16(), torch.ones(4, 64).bfloat16())
+            is None
+        )
+        return
+    w, x, b = (torch.randn(s).bfloat16() for s in ((97, 576), (3, 576), (97,)))
+    before = kernels.force_amd_tuning(0)
+    try:
+        tiles = kernels.step_ops().bf16_linear(x, w, b)
+        kernels.force_amd_tuning(1)
+        rows = kernels.step_ops().bf16_linear(x, w, b)
+    finally:
+        kernels.force_amd_tuning(before)
+    assert torch.equal(tiles, rows)
 
 
 def test_kernels_off_keeps_torchs_linear(monkeypatch):

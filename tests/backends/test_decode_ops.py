@@ -214,7 +214,8 @@ def test_fake_shapes_for_compile(ops):
 def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_path):
     """Greedy decode, `generated`/`fast`: every step's norms and attentions are the ops
     (2 norms a layer and the final norm; each layer's ropes, cache writes and attention
-    one `attend_cached`: test_step_fusion.py)."""
+    one `attend_cached`: test_step_fusion.py), and where the CPU takes AMD's choices its
+    linears the f32 GEMV (kernels/cpu_tuning.h)."""
     folder = build_tiny("llama", "base")
     reference = load_reference(folder)
     ids = probe_ids(reference.config.vocab_size)[:1]
@@ -230,9 +231,11 @@ def test_tiny_llama_decode_runs_the_ops_and_gives_transformers_tokens(spy, tmp_p
         logits = model.decode(torch.tensor([[got[-1]]]), model.position)
     assert got == want[0].tolist()
     steps = 6
-    assert spy.calls == {
+    linears = {"f32_linear": steps * (4 * layers + 1)} if kernels.f32_gemv_preferred() else {}
+    assert spy.calls == {  # f32 GEMV (AMD's choices): fused qkv, o, fused gate/up, down; head
         "rms_norm": steps * (2 * layers + 1),
         "attend_cached": steps * layers,
+        **linears,
     }
     assert math.isfinite(float(logits.abs().max()))
 

@@ -181,8 +181,9 @@ INT8_BATCHES = [(1,), (3,), (8,), (2, 7), (1, 5)]
 @pytest.mark.parametrize("kind,cols", INT8_CASES, ids=[f"{k}-{c}" for k, c in INT8_CASES])
 @pytest.mark.parametrize("batch", INT8_BATCHES, ids=["decode", "b3", "b8", "batch", "b5"])
 @pytest.mark.parametrize("rows", [97, 7, 4, 1])
-def test_int8_activations_within_their_rounding(kind, cols, batch, rows, monkeypatch):
-    """numerics="fast" on a VNNI or AVX2 CPU: x rounded to int8 per 32-block, integer dot products.
+def test_int8_activations_within_their_rounding(kind, cols, batch, rows, amd_tuning, monkeypatch):
+    """numerics="fast" on a VNNI or AVX2 CPU: x rounded to int8 per 32-block, integer dot products
+    (with AMD's choices on, a VNNI CPU runs the AVX2 kernel: both kernels, one bound).
     Against the exact f64 sum of w . x within the activations' rounding plus f32 summation
     error; and against w . x_hat (x_hat rounded as ggml rounds, in f64) within the f32
     term alone, so the kernel's rounding of x is ggml's (576 columns: 18 blocks, a tail of

@@ -89,7 +89,8 @@ def linear_fast(x, w, b=None):
     if not torch.compiler.is_compiling() and type(w) is _Packed and not w.transposed:
         y = _decode_linear(x, w) if b is None and type(x) is torch.Tensor else None
         return _packed_linear(x, w, b) if y is None else y
-    return F.linear(x, w, b)
+    y = _kernels.f32_decode_linear(x, w, b) if _kernels and x.dtype == torch.float32 else None
+    return F.linear(x, w, b) if y is None else y  # y: AMD CPUs (kernels/cpu_tuning.h)
 
 
 # -- numerics="equivalent": the reference decompositions, op for op ----------------------

@@ -113,7 +113,9 @@ COLUMN_MAJOR_MIN_ROWS = 8192  # any lm_head
 COLUMN_MAJOR_MIN_TALL = 1 << 18  # elements: a layer's taller-than-wide projections (1 MB)
 
 
-def _column_major_wins(like: torch.Tensor, rows: int, cols: int, bf16: bool = True) -> bool:
+def _column_major_wins(
+    like: torch.Tensor, rows: int, cols: int, bf16: bool = True, f32_rows: bool = False
+) -> bool:
     """MKL's one-token sgemv on an f32 CPU weight reads a column-major layout faster when
     the weight is taller than wide: an lm_head (12 -> 6 ms for [32000, 512] on the AVX2
     EPYC), a fused qkv or gate/up (0.67-0.77x the time for [640, 512], [960, 576],
@@ -122,29 +124,35 @@ def _column_major_wins(like: torch.Tensor, rows: int, cols: int, bf16: bool = Tr
     faster so in every shape where the CPU has no bf16 dot product: the kernels' columns
     GEMV streams it once, 14-18% sooner than its rows (`kernels.bf16_columns_preferred`;
     whole 16-row blocks). `bf16=False` (under torch.compile, which never calls the kernels):
-    bf16 stays row-major."""
+    bf16 stays row-major. `f32_rows`: Linnet's f32 GEMV reads the f32 linears (numerics
+    "fast" where `kernels.f32_gemv_preferred()`), row by row: f32 stays row-major."""
     if like.device.type != "cpu":
         return False
     if like.dtype == torch.bfloat16:
         return bf16 and rows % 16 == 0 and cols > 1 and kernels.bf16_columns_preferred()
-    if like.dtype != torch.float32:
+    if like.dtype != torch.float32 or f32_rows:
         return False
     return rows >= COLUMN_MAJOR_MIN_ROWS or (rows > cols and rows * cols >= COLUMN_MAJOR_MIN_TALL)
 
 
-def column_major_stacks(uses: dict, bf16: bool = True):
+def column_major_stacks(uses: dict, bf16: bool = True, f32_rows: bool = False):
     """`stack_params`' predicate: a stacked weight only `linear` reads (`uses`, from
-    `param_uses`), where it wins (`bf16`: see `_column_major_wins`)."""
+    `param_uses`), where it wins (`bf16`, `f32_rows`: see `_column_major_wins`)."""
 
     def wins(name, like, rows):
         only_linear = uses.get(name) == {("linear", 1)}
-        return only_linear and _column_major_wins(like, rows, like.shape[1], bf16)
+        return only_linear and _column_major_wins(like, rows, like.shape[1], bf16, f32_rows)
 
     return wins
 
 
 def column_major_linears(
-    uses: dict, weights: dict, params: dict, tied: bool = True, bf16: bool = True
+    uses: dict,
+    weights: dict,
+    params: dict,
+    tied: bool = True,
+    bf16: bool = True,
+    f32_rows: bool = False,
 ) -> dict:
     """The other f32 (and, where preferred, bf16) CPU weights that `linear` reads and that
     read faster column-major (`_column_major_wins`; stacked ones are written so by
@@ -155,7 +163,8 @@ def column_major_linears(
     reads it strided (576 floats a token for SmolLM2's, against the 113 MB the head's
     sgemv streams); `tied=False` leaves those (a tensor-parallel rank: the copy of its
     share of the head added that much again to its load's peak). Sums in f32 either way,
-    another order; `bf16`: see `_column_major_wins`. Returns the replaced weights by name."""
+    another order; `bf16`, `f32_rows`: see `_column_major_wins`. Returns the replaced
+    weights by name."""
     readers = {("linear", 1), ("take", 0)} if tied else {("linear", 1)}
     out = {}
     for name, used in uses.items():
@@ -164,7 +173,7 @@ def column_major_linears(
             continue
         if type(w) is not torch.Tensor or w.dim() != 2 or not w.is_contiguous():
             continue
-        if not _column_major_wins(w, *w.shape, bf16):
+        if not _column_major_wins(w, *w.shape, bf16, f32_rows):
             continue
         moved = w.t().contiguous().t()
         sharing = [n for n, p in params.items() if p is w] or [name]
@@ -174,16 +183,22 @@ def column_major_linears(
 
 
 def generated_weights(
-    graphs: dict, params: dict, fused: dict, tied: bool = True, bf16: bool = True
+    graphs: dict,
+    params: dict,
+    fused: dict,
+    tied: bool = True,
+    bf16: bool = True,
+    f32_rows: bool = False,
 ) -> dict:
     """The params and `fuse_linears`' stacks as the generated module holds them: stacks
     built once, and column-major where that reads faster (`column_major_stacks`,
-    `column_major_linears`; `tied`, `bf16`: see there). A layer split (`linnet/shard/placed.py`)
-    holds the same layout, so it sums each linear in one device's order."""
+    `column_major_linears`; `tied`, `bf16`, `f32_rows`: see there). A layer split
+    (`linnet/shard/placed.py`) holds the default layout, and so does a whole model under
+    numerics="equivalent": each sums its linears in one order."""
     uses = param_uses(graphs.values())  # each param's readers, walked once
-    stacks = stack_params(params, fused, column_major_stacks(uses, bf16))  # parts become views
-    weights = {**params, **stacks}  # after: params now holds those views
-    weights.update(column_major_linears(uses, weights, params, tied, bf16))
+    stacks = stack_params(params, fused, column_major_stacks(uses, bf16, f32_rows))
+    weights = {**params, **stacks}  # after: params now holds the stacks' parts as views
+    weights.update(column_major_linears(uses, weights, params, tied, bf16, f32_rows))
     return weights
 
 
@@ -230,7 +245,10 @@ class GeneratedRunner:
             emitter = emit_fused
         self.text = generate_graphs(program, self.graphs, numerics, fused, emitter=emitter)
         module = load_generated(self.text, program.name)()
-        weights = generated_weights(self.graphs, params, fused, tied_column_major, not compiled)
+        f32_rows = not compiled and numerics == "fast" and kernels.f32_gemv_preferred()
+        weights = generated_weights(
+            self.graphs, params, fused, tied_column_major, not compiled, f32_rows
+        )
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
         self.module = module.to(device).eval()

@@ -7,6 +7,9 @@
     bf16_linear_op(x, w)        # bf16_gemv.cpp's op (AVX512-BF16's dot products, or AVX2's
                                 # widening FMAs), bf16_columns.cpp's for a column-major w,
                                 # or None
+    f32_linear_op(x, w)         # f32_gemv.cpp's op where cpu_tuning.h takes AMD's choices,
+                                # or None (torch's linear); f32_decode_linear(x, w, b) runs it
+    force_amd_tuning(mode)      # cpu_tuning.h's choices forced on (1), off (0), by CPU (-1)
     bf16_columns_preferred()    # hold bf16 linears column-major (no bf16 dot product here)
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
@@ -39,6 +42,7 @@ import torch
 SOURCES = (
     "packed_gemv.cpp",
     "bf16_gemv.cpp",
+    "f32_gemv.cpp",
     "bf16_columns.cpp",
     "packed_vnni.cpp",
     "packed_int8_avx2.cpp",
@@ -46,6 +50,7 @@ SOURCES = (
     "mxfp4_int8.cpp",
     "decode_ops.cpp",
 )
+HEADERS = ("cpu_tuning.h",)  # included by the sources: part of the build's key
 FLAGS = ("-O3", "-march=native")
 OFF_VALUES = ("0", "off", "false", "no")  # what turns an environment switch off
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
@@ -97,6 +102,66 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     if w.stride() == (1, w.shape[0]) and not w.shape[0] % 16 and w.shape[1] > 1:
         return step_ops().bf16_linear_columns if _built_answer("bf16_columns_native") else None
     return None
+
+
+def f32_linear_op(x: torch.Tensor, w: torch.Tensor):
+    """`op(x2, w, b)` (f32_gemv.cpp) for a CPU f32 x and a contiguous f32 weight of whole
+    16-element rows, where the kernels load, were built with AVX512F and the CPU takes
+    cpu_tuning.h's AMD choices (there torch's f32 GEMV read at 12 GB/s, this one at 20);
+    else None. Asked for every f32 decode linear (numerics="fast"): cheap checks first."""
+    if x.dtype != torch.float32 or w.dtype != torch.float32 or not x.is_cpu or w.dim() != 2:
+        return None
+    if type(w) not in _PLAIN:  # a packed weight's storage is not its f32 values
+        return None
+    if w.shape[1] % 16 or not w.is_contiguous() or not f32_gemv_preferred():
+        return None
+    return step_ops().f32_linear
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+F32_GEMV_ROWS = 4  # f32_gemv.cpp for decode's rows (each x row stays in L1); GEMM past them
+
+
+def f32_decode_linear(x: torch.Tensor, w: torch.Tensor, b=None):
+    """x @ w^T + b by f32_gemv.cpp for at most `F32_GEMV_ROWS` rows of f32 x where
+    `f32_linear_op` offers it, outside autograd and torch.compile; else None (the caller
+    keeps torch's linear)."""
+    rows = x.numel() // x.shape[-1]
+    if rows > F32_GEMV_ROWS or x.requires_grad or w.requires_grad:
+        return None
+    op = None if torch.compiler.is_compiling() else f32_linear_op(x, w)
+    if op is None:
+        return None
+    return op(x.reshape(rows, -1).contiguous(), w, b).reshape(*x.shape[:-1], -1)
+
+
+def f32_gemv_preferred() -> bool:
+    """Whether decode's f32 linears go to f32_gemv.cpp here (`f32_linear_op` offers it for
+    row-major weights, so the runners hold f32 row-major under numerics="fast")."""
+    return _amd_tuned() and _built_answer("f32_gemv_native")
+
+
+def _amd_tuned() -> bool:
+    """cpu_tuning.h's answer (the CPU's vendor, or what `force_amd_tuning` set), kept
+    until LINNET_KERNELS changes or it is forced again."""
+    raw = _switches()[0]
+    seen = _loaded.get("amd")
+    if seen is None or seen[0] != raw:
+        ops = step_ops()
+        seen = _loaded["amd"] = (raw, ops is not None and bool(ops.amd_tuned()))
+    return seen[1]
+
+
+def force_amd_tuning(mode: int) -> int:
+    """Force cpu_tuning.h's AMD choices for this process: 1 on, 0 off, -1 by the CPU's
+    vendor (tests and benchmarks run both kernels of a pair on one machine); answers the
+    mode before. Raises where the kernels do not load."""
+    ops = step_ops()
+    if ops is None:
+        raise RuntimeError("linnet's C++ kernels are not loaded here")
+    before = int(ops.amd_tuning(mode))
+    _loaded.pop("amd", None)
+    return before
 
 
 def bf16_columns_preferred() -> bool:
@@ -164,9 +229,12 @@ def int8x_derived_offsets() -> bool:
 
 def int8x_reads_q5_0() -> bool:
     """Whether a q5_0 weight stays 5-bit here (`linnet.quantize.to_packed_weight`): the
-    kernels load and their integer op is the AVX2 one (the f32 kernel and the PyTorch path
-    read q5_0 everywhere); elsewhere it takes q8_0's layout, which every kernel reads."""
-    return int8x_derived_offsets()
+    kernels load and their integer op reads it (the f32 kernel and the PyTorch path read
+    q5_0 everywhere), and the CPU does not take AMD's choices (cpu_tuning.h): on the Zen 4
+    EPYC, SmolLM2's q4_K_M decoded in 7.5 ms a token with its q5_0 matrices in q8_0's
+    layout against 8.9 read 5-bit. Elsewhere it takes q8_0's layout, which every kernel
+    reads."""
+    return int8x_derived_offsets() and not _amd_tuned()
 
 
 def step_ops():
@@ -192,6 +260,10 @@ def _register_fakes() -> None:
         return x.new_empty(*x.shape[:-1], scale.shape[0])
 
     @torch.library.register_fake("linnet_kernels::bf16_linear")
+    def _(x, w, b):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("linnet_kernels::f32_linear")
     def _(x, w, b):
         return x.new_empty(x.shape[0], w.shape[0])
 
@@ -229,7 +301,7 @@ def _cpu_flags() -> str:
 def build_dir() -> Path:
     here = Path(__file__).parent
     key = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         key.update((here / source).read_bytes())
     key.update(" ".join((*FLAGS, torch.__version__, _cpu_flags())).encode())
     env = os.environ.get("LINNET_CACHE")

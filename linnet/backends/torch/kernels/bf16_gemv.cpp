@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "cpu_tuning.h"
+
 namespace {
 
 // The op's checks; the bias in f32 (undefined when there is none).
@@ -40,7 +42,7 @@ constexpr int kRows = 4;
 // 12.4-13.0 GB/s with 8192, 10.7 with 2048, 9.2-9.7 with none; 32768 11.2.
 constexpr int64_t kAhead = 8192;
 
-// Rows r0..r0+R of y for x row b (cols a multiple of 32).
+// Rows r0..r0+R of y for x row b (cols a multiple of 32), the R rows read side by side.
 template <int R>
 void bf16_rows(const uint16_t* x, const uint16_t* w, float* acc_out, int64_t r0, int64_t cols) {
   __m512 acc[R];
@@ -56,6 +58,15 @@ void bf16_rows(const uint16_t* x, const uint16_t* w, float* acc_out, int64_t r0,
   for (int r = 0; r < R; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
+// One row . x (cols a multiple of 32), read front to back: the same sums, in the same
+// order, as bf16_rows gives that row.
+inline float bf16_row(const uint16_t* x, const uint16_t* row, int64_t cols) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < cols; k += 32)
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(row + k), (__m512bh)_mm512_loadu_si512(x + k));
+  return _mm512_reduce_add_ps(acc);
+}
+
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   const at::Tensor bias_f = checked_bias(x, w, b);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
@@ -66,12 +77,15 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   auto* yp = reinterpret_cast<c10::BFloat16*>(y.data_ptr());
   const int64_t tiles = (rows + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * cols));
+  const bool in_sequence = linnet::amd_tuning();  // cpu_tuning.h
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     float sums[kRows];
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r0 = t * kRows, n = std::min<int64_t>(kRows, rows - r0);
       for (int64_t bi = 0; bi < batch; ++bi) {
-        if (n == kRows) {
+        if (in_sequence) {
+          for (int64_t r = 0; r < n; ++r) sums[r] = bf16_row(xp + bi * cols, wp + (r0 + r) * cols, cols);
+        } else if (n == kRows) {
           bf16_rows<kRows>(xp + bi * cols, wp, sums, r0, cols);
         } else {
           for (int64_t r = 0; r < n; ++r) bf16_rows<1>(xp + bi * cols, wp, sums + r, r0 + r, cols);
@@ -213,8 +227,22 @@ bool native() { return false; }
 }  // namespace
 #endif
 
+namespace {
+// Force cpu_tuning.h's choices for the whole process: -1 by the CPU, 0 off, 1 on; answers
+// the mode before.
+int64_t amd_tuning(int64_t mode) {
+  TORCH_CHECK(mode >= -1 && mode <= 1, "amd_tuning: -1, 0 or 1");
+  const int before = linnet::amd_tuning_forced();
+  linnet::amd_tuning_forced() = static_cast<int>(mode);
+  return before;
+}
+bool amd_tuned() { return linnet::amd_tuning(); }
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("bf16_linear(Tensor x, Tensor w, Tensor? b) -> Tensor");
+  m.def("amd_tuning(int mode) -> int", amd_tuning);
+  m.def("amd_tuned() -> bool", amd_tuned);
   m.def("bf16_gemv_native() -> bool", native);
 }
 

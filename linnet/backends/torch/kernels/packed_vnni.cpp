@@ -24,6 +24,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_tuning.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
@@ -236,8 +238,20 @@ void run_rows(const Problem& p, const Quantized& x) {
   for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, x, r);
 }
 
+}  // namespace
+namespace linnet_avx2 {  // packed_int8_avx2.cpp: the faster on AMD's CPUs (cpu_tuning.h)
+void packed_linear_int8x(const float* x, const void* codes, const float* scale,
+                         const float* offset, float* y, int64_t batch, int64_t rows,
+                         int64_t cols, int code_bits);
+}
+namespace {
 void run(const float* x, const void* codes, const float* scale, const float* offset,
          float* y, int64_t batch, int64_t rows, int64_t cols) {
+  if (linnet::amd_tuning()) {
+    linnet_avx2::packed_linear_int8x(x, codes, scale, offset, y, batch, rows, cols,
+                                     offset != nullptr ? 4 : 8);
+    return;
+  }
   const Quantized xq = quantize_x(x, batch, cols);
   Problem p{codes, scale, offset, y, batch, rows, cols};
   if (offset == nullptr)
@@ -249,6 +263,10 @@ void run(const float* x, const void* codes, const float* scale, const float* off
 // q4_0 / q5_0 without offsets (derived from the scales): 20 / 24 bytes a block read
 void run_derived(const float* x, const void* codes, const float* scale, float* y, int64_t batch,
                  int64_t rows, int64_t cols, int code_bits) {
+  if (linnet::amd_tuning()) {
+    linnet_avx2::packed_linear_int8x(x, codes, scale, nullptr, y, batch, rows, cols, code_bits);
+    return;
+  }
   const Quantized xq = quantize_x(x, batch, cols);
   Problem p{codes, scale, nullptr, y, batch, rows, cols};
   if (code_bits == 5)
