@@ -258,7 +258,8 @@ def check_decode_speed(device: str, root: Path, quick: bool) -> dict:
     ids = torch.randint(0, shape["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(1))
     ids = ids.to(device)
     rows = {}
-    ref = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval().to(device)
+    ref = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, trust_remote_code=False)
+    ref = ref.eval().to(device)
     for cache in ("dynamic", "static"):
 
         def run(ref=ref, cache=cache):
