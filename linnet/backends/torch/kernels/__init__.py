@@ -229,12 +229,12 @@ def int8x_derived_offsets() -> bool:
 
 def int8x_reads_q5_0() -> bool:
     """Whether a q5_0 weight stays 5-bit here (`linnet.quantize.to_packed_weight`): the
-    kernels load and their integer op reads it (the f32 kernel and the PyTorch path read
-    q5_0 everywhere), and the CPU does not take AMD's choices (cpu_tuning.h): on the Zen 4
-    EPYC, SmolLM2's q4_K_M decoded in 7.5 ms a token with its q5_0 matrices in q8_0's
-    layout against 8.9 read 5-bit. Elsewhere it takes q8_0's layout, which every kernel
-    reads."""
-    return int8x_derived_offsets() and not _amd_tuned()
+    kernels load and their integer op reads it faster so (the f32 kernel and the PyTorch
+    path read q5_0 everywhere): not on a VNNI CPU under AMD's choices (packed_vnni.cpp's
+    `reads_q5_0`, cpu_tuning.h). Elsewhere it takes q8_0's layout, which every kernel
+    reads. Asked at load, not cached: `force_amd_tuning` changes it."""
+    ops = load()
+    return ops is not None and bool(ops.int8x_reads_q5_0())
 
 
 def step_ops():

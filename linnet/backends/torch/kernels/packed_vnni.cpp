@@ -359,7 +359,24 @@ bool derived_offsets() {
 }
 }  // namespace
 
+namespace {
+// Whether a q5_0 weight should stay 5-bit for this op: where it takes q5_0 at all, except
+// on a VNNI build under AMD's choices (cpu_tuning.h), whose 256-bit kernel decoded
+// SmolLM2's q4_K_M in 9.0 ms a token on the Zen 4 EPYC with the q5_0 matrices in q8_0's
+// layout, 10.5 with them 5-bit (medians of 5 alternating rounds, one thread).
+bool reads_q5_0() {
+#if LINNET_DERIVED_OFFSETS && defined(__AVX512VNNI__)
+  return !linnet::amd_tuning();
+#elif LINNET_DERIVED_OFFSETS
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
+  m.def("int8x_reads_q5_0() -> bool", reads_q5_0);
   m.def("packed_linear_int8x(Tensor x, Tensor codes, Tensor scale, Tensor? offset) -> Tensor");
   m.def("int8x_native() -> bool", native);
   m.def("int8x_derived_offsets() -> bool", derived_offsets);
