@@ -46,7 +46,8 @@ def test_op_offered_exactly_where_it_runs(amd_tuning, monkeypatch):
     "rows,cols,batch", [(97, 576, 1), (5, 64, 3), (1536, 96, 2), (13, 1536, 4), (7, 16, 1)]
 )
 def test_linear_fast_matches_exact_sums(rows, cols, batch, amd_tuning, monkeypatch):
-    """96 columns: two FMA chains of 32 and a tail of 16; 16: the tail alone."""
+    """576 columns: nine passes of the four FMA chains (64 each); 96: one pass and two
+    16-element tails; 16: a tail alone."""
     calls = []
     offered = kernels.f32_linear_op
     monkeypatch.setattr(kernels, "f32_linear_op", lambda *a: calls.append(1) or offered(*a))
@@ -74,13 +75,17 @@ def test_more_rows_or_gradients_keep_torchs_linear(amd_tuning, monkeypatch):
     assert torch.equal(trained.grad, x[:1].expand(24, 64))
 
 
-def test_a_decoder_step_on_either_choice(tiny_checkpoint, amd_tuning):
-    """A tiny Llama's fast generated runner: the f32 GEMV where offered, else torch's
-    linears; transformers' greedy tokens either way."""
+def test_a_decoder_step_on_either_choice(tiny_checkpoint, amd_tuning, monkeypatch):
+    """A tiny Llama's fast generated runner: the f32 GEMV where offered (its weights then
+    held row-major), else torch's linears; transformers' greedy tokens either way."""
     import linnet.torch as lt
     from tests.tiny_decoders import probe_ids, reference_greedy
 
+    ran = []
+    offered = kernels.f32_linear_op
+    monkeypatch.setattr(kernels, "f32_linear_op", lambda *a: ran.append(offered(*a)) or ran[-1])
     folder = tiny_checkpoint("llama", "base")
     model = lt.load(folder, dtype="f32", mode="generated", numerics="fast")
     ids = probe_ids(model.config["vocab"])[:1]
     assert model.generate(ids, 8).tolist() == reference_greedy(folder, ids, 8).tolist()
+    assert ran and all((op is not None) == _offered(amd_tuning) for op in ran)
