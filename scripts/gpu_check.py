@@ -38,6 +38,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from tests.tiny_decoders import load_reference  # noqa: E402
+
 F32_TOL = 1e-4  # f32 logits against transformers on the same device (the CPU suite's bound)
 NEW_TOKENS = 8
 SMOLLM2_SHAPE = dict(  # SmolLM2-135M-Instruct's config.json, weights drawn at random
@@ -62,15 +64,6 @@ def env_report(device: str) -> dict:
             sm=f"{props.major}.{props.minor}", count=torch.cuda.device_count(),
         )  # fmt: skip
     return info
-
-
-def reference(folder: Path, device: str, dtype=torch.float32):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation="eager", trust_remote_code=False
-    )
-    return model.eval().to(device)
 
 
 @torch.no_grad()
@@ -102,7 +95,7 @@ def check_tiny_parity(device: str, root: Path, quick: bool) -> dict:
     rows = {}
     for arch, variant in list(TINY_CONFIGS)[: 2 if quick else None]:
         folder = build_tiny(arch, variant, root)
-        ref = reference(folder, device)
+        ref = load_reference(folder, device)
         ids = probe_ids(ref.config.vocab_size).to(device)
         ref_logits, ref_greedy = reference_run(ref, ids, NEW_TOKENS)
         one = ids[:1]  # cudagraphs decodes batch 1 with a captured step
@@ -123,7 +116,7 @@ def check_compile(device: str, root: Path, quick: bool) -> dict:
     from tests.tiny_decoders import build_tiny, probe_ids
 
     folder = build_tiny("llama", "base", root)
-    ref = reference(folder, device)
+    ref = load_reference(folder, device)
     ids = probe_ids(ref.config.vocab_size).to(device)
     expected = reference_run(ref, ids, NEW_TOKENS)
     t0 = time.perf_counter()
@@ -140,7 +133,7 @@ def check_bf16(device: str, root: Path, quick: bool) -> dict:
     from tests.tiny_decoders import build_tiny, probe_ids
 
     folder = build_tiny("llama", "tied", root)
-    ref = reference(folder, device, torch.bfloat16)
+    ref = load_reference(folder, device, torch.bfloat16)
     ids = probe_ids(ref.config.vocab_size).to(device)
     with torch.no_grad():
         ref_logits = ref(input_ids=ids).logits.float()
@@ -168,7 +161,7 @@ def check_gpt_oss(device: str, root: Path, quick: bool) -> dict:
     rows = {}
     for variant in ("spread", "one_expert"):
         folder = build_gpt_oss(variant, root / "gpt_oss")
-        ref = reference(folder, device)
+        ref = load_reference(folder, device)
         ids = probe_ids(ref.config.vocab_size).to(device)
         expected = reference_run(ref, ids, NEW_TOKENS)
         modes = ("interpret", "generated") + (("cudagraphs",) if device == "cuda" else ())
@@ -187,7 +180,7 @@ def check_offload(device: str, root: Path, quick: bool) -> dict:
     from tests.tiny_decoders import build_tiny, probe_ids
 
     folder = build_tiny("llama", "deep", root)
-    ref = reference(folder, device)
+    ref = load_reference(folder, device)
     ids = probe_ids(ref.config.vocab_size).to(device)
     expected = reference_run(ref, ids, NEW_TOKENS)
     whole = lt.load(folder, dtype="f32", device=device, mode="generated")
@@ -214,7 +207,7 @@ def check_jax(device: str, root: Path, quick: bool) -> dict:
     from tests.tiny_decoders import build_tiny, probe_ids
 
     folder = build_tiny("llama", "base", root)
-    ref = reference(folder, "cpu")
+    ref = load_reference(folder, "cpu")
     ids = probe_ids(ref.config.vocab_size)
     ref_logits, ref_greedy = reference_run(ref, ids, NEW_TOKENS)
     model = lj.load(folder, dtype="f32")

@@ -347,22 +347,23 @@ def build_tiny(
 # Reference (transformers)
 # --------------------------------------------------------------------------------------------
 
-_REF_CACHE: dict[tuple[str, float], Any] = {}
+_REF_CACHE: dict[tuple, Any] = {}
 
 
-def load_reference(ckpt_dir: str | os.PathLike):
-    """``AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=f32, attn_implementation="eager")``
-    in eval mode, cached per folder (and config mtime)."""
+def load_reference(ckpt_dir: str | os.PathLike, device="cpu", dtype=torch.float32):
+    """transformers' AutoModelForCausalLM of `ckpt_dir` in `dtype`, eager attention, never
+    its own code (trust_remote_code=False), in eval mode on `device` (the GPU checks:
+    "cuda"); cached per folder (and config mtime), device and dtype."""
     from transformers import AutoModelForCausalLM
 
     path = Path(ckpt_dir).resolve()
-    key = (str(path), (path / "config.json").stat().st_mtime)
+    key = (str(path), (path / "config.json").stat().st_mtime, str(device), dtype)
     model = _REF_CACHE.get(key)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
+            path, dtype=dtype, attn_implementation="eager", trust_remote_code=False
         )
-        model.eval()
+        model = model.eval().to(device)
         _REF_CACHE[key] = model
     return model
 

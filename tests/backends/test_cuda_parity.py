@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import linnet.torch as lt
-from tests.tiny_decoders import probe_ids, tiny_variants
+from tests.tiny_decoders import load_reference, probe_ids, tiny_variants
 
 CUDA_REASON = "parity on a GPU needs a CUDA device"
 # (mode, numerics) -> the f32 logit bound, the CPU suite's (tests/backends/test_torch_backend.py)
@@ -23,16 +23,6 @@ MODES = {
     ("cudagraphs", "equivalent"): 1e-4,
 }
 NEW_TOKENS = 8
-
-
-@torch.no_grad()
-def _reference(folder):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
-    )
-    return model.eval().to("cuda")
 
 
 @torch.no_grad()
@@ -49,7 +39,7 @@ def _greedy(model, ids):
 @pytest.mark.parametrize("arch,variant", tiny_variants(), ids=lambda v: str(v))
 def test_tiny_decoder_on_cuda_matches_transformers(tiny_checkpoint, arch, variant, mode, numerics):
     folder = tiny_checkpoint(arch, variant)
-    ref = _reference(folder)
+    ref = load_reference(folder, "cuda")
     ids = probe_ids(ref.config.vocab_size).cuda()
     model = lt.load(folder, dtype="f32", device="cuda", mode=mode, numerics=numerics)
     with torch.no_grad():

@@ -104,6 +104,10 @@ def bf16_linear_op(x: torch.Tensor, w: torch.Tensor):
     return None
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+F32_GEMV_ROWS = 4  # f32_gemv.cpp for decode's rows (each x row stays in L1); GEMM past them
+
+
 def f32_linear_op(x: torch.Tensor, w: torch.Tensor):
     """`op(x2, w, b)` (f32_gemv.cpp) for a CPU f32 x and a contiguous f32 weight of whole
     16-element rows, where the kernels load, were built with AVX512F and the CPU takes
@@ -116,10 +120,6 @@ def f32_linear_op(x: torch.Tensor, w: torch.Tensor):
     if w.shape[1] % 16 or not w.is_contiguous() or not f32_gemv_preferred():
         return None
     return step_ops().f32_linear
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-F32_GEMV_ROWS = 4  # f32_gemv.cpp for decode's rows (each x row stays in L1); GEMM past them
 
 
 def f32_decode_linear(x: torch.Tensor, w: torch.Tensor, b=None):
