@@ -11,12 +11,13 @@ sessions 16-21's AVX-512 Xeon SmolLM2's decode step took 0-16% less time with ev
 weight in 2 MB pages (bf16 14%, q8_0 16%, f32 3%, q4_0 none: docs/torch.md, "Session
 21"). Values and layouts do not change: only where the bytes lie.
 
-The pages are faulted in one by one before the copy (`_populate`): where a 2 MB page is
-slow to come (a VM whose memory the host backs lazily), the rest get 4 KB pages, so
-loading does not wait seconds for them, and where under a quarter came as 2 MB pages
-nothing moves. LINNET_HUGE_PAGES=always takes them however slow (a server that loads
-once), LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B); elsewhere than Linux
-nothing moves.
+Storages move one at a time, each one's 2 MB pages faulted in just before its copy
+(`_Arena.fault_in`), so loading peaks at the weights plus the largest storage. Where a
+2 MB page is slow to come (a VM whose memory the host backs lazily), the storages from
+there on stay in torch's allocations (4 KB pages), so loading does not wait seconds for
+them. LINNET_HUGE_PAGES=always takes them however slow (a server that loads once),
+LINNET_HUGE_PAGES=0 keeps torch's allocations (an A/B); elsewhere than Linux nothing
+moves.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from linnet.backends.torch.packed_tensor import PackedTensor
 HUGE = 2 << 20  # x86-64's PMD huge page
 ALIGN = 4096  # each storage's start in the mapping: page-aligned, as big allocations are
 MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) stay where they are
-SLOW_FAULT_S = 0.004  # a 2 MB page fault this slow: the kernel has none at hand (_populate)
+TRIM_BYTES = 16 << 20  # freed this much, hand it back (a trim costs ~0.2 ms)
+SLOW_FAULT_S = 0.004  # a 2 MB page fault this slow: the kernel has none at hand
+_now = time.perf_counter  # how faults are timed (a test makes one slow)
 
 
 def mode() -> str:
@@ -65,6 +68,10 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     """Moves the CPU storages of at least MIN_BYTES that the module's and `params`' weights
     read into one MADV_HUGEPAGE mapping; returns the bytes moved (0: nothing moved).
 
+    One storage at a time: its pages faulted in, the copy made, every place pointed at it,
+    the old storage freed and handed back, so a load's memory peaks at the weights plus
+    the largest storage, not twice the weights (faulting the whole mapping in first made
+    a tensor-parallel rank of SmolLM2 grow 457 MB by its load where its share is 171).
     Each slot gets a new tensor over the copy (one per old tensor object, so two slots
     that held one object still do): setting the old tensor on the new storage in place
     would keep a view's base, and with it the old storage, alive."""
@@ -74,23 +81,28 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     by_storage: dict[int, list[tuple[dict, str]]] = {}
     for d, k in slots(module, params):
         t = d[k]
-        storage = t.untyped_storage()
-        if t.device.type == "cpu" and storage.nbytes() >= MIN_BYTES and not t.requires_grad:
-            by_storage.setdefault(storage.data_ptr(), []).append((d, k))
-    if not by_storage:
+        if t.device.type == "cpu" and not t.requires_grad and t.numel():
+            by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((d, k))
+    spans = {ptr: _span([d[k] for d, k in places]) for ptr, places in by_storage.items()}
+    spans = {ptr: (lo, hi) for ptr, (lo, hi) in spans.items() if hi - lo >= MIN_BYTES}
+    if not spans:
         return 0
-    sizes = {ptr: d[k].untyped_storage().nbytes() for ptr, [(d, k), *_] in by_storage.items()}
     starts, total = {}, 0
-    for ptr, size in sizes.items():
+    for ptr, (lo, hi) in spans.items():
         starts[ptr] = total
-        total += -(-size // ALIGN) * ALIGN
-    arena = _mapping(total, give_up=setting == "auto")
-    if arena is None:
-        return 0
-    for ptr, places in by_storage.items():
-        _move(places, arena, starts[ptr], sizes[ptr])
+        total += -(-(hi - lo) // ALIGN) * ALIGN
+    arena = _Arena(total, give_up=setting == "auto")
+    moved = untrimmed = 0
+    for ptr, (lo, hi) in spans.items():
+        if not arena.fault_in(starts[ptr], hi - lo):
+            break  # a slow 2 MB page: this storage and the rest stay where they are
+        _move(by_storage[ptr], arena.bytes[starts[ptr] : starts[ptr] + hi - lo], lo)
+        moved, untrimmed = moved + hi - lo, untrimmed + hi - lo
+        if untrimmed >= TRIM_BYTES:
+            _give_back_freed()
+            untrimmed = 0
     _give_back_freed()
-    return total
+    return moved
 
 
 def _give_back_freed() -> None:
@@ -102,47 +114,67 @@ def _give_back_freed() -> None:
         pass
 
 
-def _mapping(nbytes: int, give_up: bool) -> torch.Tensor | None:
-    """A uint8 tensor of `nbytes` over an anonymous mapping marked MADV_HUGEPAGE before
-    any page is touched, starting on a 2 MB boundary (the mapping over-allocated by 2 MB
-    to find one), its pages faulted in by `_populate`. The tensor keeps the mapping alive.
-    None where (`give_up`: "auto") under a quarter of it came in 2 MB pages: the copy
-    (~0.2 s for SmolLM2's 540 MB) would buy little."""
-    mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mapping.madvise(mmap.MADV_HUGEPAGE)
-    whole = torch.frombuffer(mapping, dtype=torch.uint8)
-    skip = -whole.data_ptr() % HUGE
-    if _populate(mapping, skip, nbytes, give_up) < nbytes // 4:  # only when giving up
-        return None
-    return whole[skip : skip + nbytes]
+class _Arena:
+    """An anonymous mapping of `nbytes` marked MADV_HUGEPAGE before any page is touched,
+    `bytes` a uint8 tensor over it from a 2 MB boundary (the mapping over-allocated by
+    2 MB to find one; the tensor keeps the mapping alive). Its 2 MB pages are faulted in
+    one by one as storages move in (`fault_in`)."""
+
+    def __init__(self, nbytes: int, give_up: bool):
+        self.mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.mapping.madvise(mmap.MADV_HUGEPAGE)
+        whole = torch.frombuffer(self.mapping, dtype=torch.uint8)
+        self.skip = -whole.data_ptr() % HUGE
+        self.bytes = whole[self.skip : self.skip + nbytes]
+        self.give_up = give_up
+        self.faulted = 0  # bytes from `skip` whose pages are in
+
+    def fault_in(self, start: int, size: int) -> bool:
+        """Faults in the 2 MB pages under bytes[start:start+size] not yet in. With
+        `give_up`, at the first that takes longer than SLOW_FAULT_S it hands back the
+        pages this call faulted, marks the rest of the mapping MADV_NOHUGEPAGE and
+        answers False: nothing more moves. A 2 MB page the kernel has at hand costs
+        ~0.2 ms (it is zeroed); on a VM whose memory the host backs lazily (Firecracker),
+        once those run out each cost ~30-75 ms, and 540 MB of them added 4.4 s to
+        loading SmolLM2."""
+        first = self.faulted
+        for offset in range(first, start + size, HUGE):
+            t = _now()
+            self.mapping[self.skip + offset] = 0  # the first write: the kernel backs the page
+            if self.give_up and _now() - t > SLOW_FAULT_S:
+                rest = len(self.mapping) - self.skip - first
+                self.mapping.madvise(mmap.MADV_DONTNEED, self.skip + first, rest)
+                self.mapping.madvise(mmap.MADV_NOHUGEPAGE, self.skip + first, rest)
+                return False
+            self.faulted = offset + HUGE
+        return True
 
 
-def _populate(mapping: mmap.mmap, start: int, nbytes: int, give_up: bool) -> int:
-    """Faults in the 2 MB pages of mapping[start:start+nbytes] one by one and, with
-    `give_up`, at the first that takes longer than SLOW_FAULT_S gives the rest 4 KB
-    pages; returns the bytes up to and with that page (all of them without one). A 2 MB
-    page the kernel has at hand costs ~0.2 ms (it is zeroed); on a VM whose memory the
-    host backs lazily (Firecracker), once those run out each cost ~30-75 ms, and 540 MB
-    of them added 4.4 s to loading SmolLM2."""
-    for offset in range(start, start + nbytes, HUGE):
-        t = time.perf_counter()
-        mapping[offset] = 0  # the first write: the kernel backs the page
-        if give_up and time.perf_counter() - t > SLOW_FAULT_S:
-            rest = offset + HUGE
-            if rest < start + nbytes:
-                mapping.madvise(mmap.MADV_NOHUGEPAGE, rest, start + nbytes - rest)
-            return rest - start
-    return nbytes
+def _span(tensors: list) -> tuple[int, int]:
+    """The bytes of their storage that `tensors` read: from the first one's first byte,
+    rounded down to ALIGN (so every dtype's offset stays whole and each tensor lies at its
+    old offset's alignment), to the last one's last. A rank's slice of a tensor read from the
+    checkpoint is a view of the whole one: SmolLM2's embedding over 3 ranks reads 36 of
+    its storage's 108 MiB."""
+    lo, hi = None, 0
+    for t in tensors:
+        first = t.storage_offset() * t.element_size()
+        reach = 1 + sum((n - 1) * step for n, step in zip(t.shape, t.stride()))  # elements
+        last = first + reach * t.element_size()
+        lo, hi = (first if lo is None else min(lo, first)), max(hi, last)
+    return lo // ALIGN * ALIGN, hi
 
 
-def _move(places: list, arena: torch.Tensor, start: int, size: int) -> None:
-    """Copies the storage the tensors at `places` share to arena[start:start+size] and
-    puts in each place a tensor over the copy at the old one's offset, shape and strides."""
+def _move(places: list, new: torch.Tensor, lo: int) -> None:
+    """Copies the bytes from `lo` of the storage the tensors at `places` share into `new`
+    (uint8, a piece of the arena) and puts in each place a tensor over the copy at the
+    old one's offset less `lo`, shape and strides."""
     d, k = places[0]
-    new = arena[start : start + size]
-    new.copy_(torch.empty(0, dtype=torch.uint8).set_(d[k].untyped_storage()))
+    old_bytes = torch.empty(0, dtype=torch.uint8).set_(d[k].untyped_storage())
+    new.copy_(old_bytes[lo : lo + new.numel()])
+    del old_bytes
     storage = new.untyped_storage()
-    base = new.data_ptr() - storage.data_ptr()  # the arena's offset in the mapping
+    base = new.data_ptr() - storage.data_ptr() - lo  # where the old storage's byte 0 maps
     # old tensor's id -> (the old tensor, kept so its id stays unique here; its new one)
     made: dict[int, tuple] = {}
     for d, k in places:

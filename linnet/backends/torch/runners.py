@@ -251,6 +251,7 @@ class GeneratedRunner:
         )
         names = module.state_dict().keys()  # tied params are not attributes of their own
         module.load_state_dict({k: weights[k] for k in names}, assign=True)
+        del weights  # its tensors would keep the old storages alive while they move
         self.module = module.to(device).eval()
         # one mapping in 2 MB pages for the weights a step streams (huge_pages.py)
         hold_in_huge_pages(self.module, params)
