@@ -7,6 +7,7 @@ engine.encode_chat(messages)          # the checkpoint's chat template, with the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -91,10 +92,11 @@ def open_engine(
     cache = None if positions is None else positions + 1
     dtype = serving_dtype(dtype, backend, opened.config["act"], found.gguf is not None)
     fast = _fast_rows(backend, mode, found.gguf is not None, tensor_parallel)
-    model, _ = load_model(
-        found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
-        tensor_parallel=tensor_parallel, numerics="fast" if fast else "equivalent",
-    )  # fmt: skip
+    with _every_huge_page(backend):
+        model, _ = load_model(
+            found.checkpoint, backend=backend, mode=mode, dtype=dtype, positions=cache,
+            tensor_parallel=tensor_parallel, numerics="fast" if fast else "equivalent",
+        )  # fmt: skip
     return Engine(
         rows=row_decoder(model, rows, positions),
         tokenizer=tokenizer,
@@ -102,6 +104,17 @@ def open_engine(
         name=name or target,
         vocab=int(model.config["vocab"]),
     )
+
+
+def _every_huge_page(backend: str):
+    """A server loads once and decodes for hours: on PyTorch its weights wait for every
+    2 MB page, however slowly the kernel gives them (huge_pages.py: `linnet run` stops at
+    the first slow one). LINNET_HUGE_PAGES, where set, still decides."""
+    if backend != "torch":
+        return contextlib.nullcontext()
+    from linnet.backends.torch.huge_pages import every_page
+
+    return every_page()
 
 
 def serving_dtype(dtype: str | None, backend: str, stored: str, gguf: bool) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from linnet.serve.sampling import Sampler, SamplingParams
 from linnet.serve.textout import TextOut
@@ -267,3 +268,30 @@ def test_generated_rows_run_numerics_fast_and_interpret_keeps_equivalent(tiny_se
     assert open_engine(str(tiny_served), rows=2, mode="interpret").rows.model.numerics == (
         "equivalent"
     )
+
+
+@pytest.mark.parametrize("setting", [None, "auto"])
+def test_served_weights_wait_for_every_2mb_page(tiny_served, monkeypatch, setting):
+    """Every 2 MB page counted slow: `linnet run`'s load (LINNET_HUGE_PAGES unset: "auto")
+    moves nothing into 2 MB pages, the server's moves every weight (it loads once and
+    decodes for hours); LINNET_HUGE_PAGES set still decides for both."""
+    import linnet.torch
+    from linnet.backends.torch import huge_pages
+    from linnet.serve.engine import open_engine
+
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+    monkeypatch.setattr(huge_pages, "SLOW_FAULT_S", -1.0)
+    if setting is None:
+        monkeypatch.delenv("LINNET_HUGE_PAGES", raising=False)
+    else:
+        monkeypatch.setenv("LINNET_HUGE_PAGES", setting)
+
+    def storages(model) -> int:
+        module = model.runner.module
+        return len({d[k].untyped_storage().data_ptr() for d, k in huge_pages.slots(module, {})})
+
+    run = linnet.torch.load(str(tiny_served), mode="generated")
+    served = open_engine(str(tiny_served), rows=1, mode="generated").rows.model
+    assert storages(run) > 1  # torch's own allocations, one a weight
+    assert storages(served) == (1 if setting is None else storages(run))
+    assert huge_pages.mode() == "auto"  # outside the server's load

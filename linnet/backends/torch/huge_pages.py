@@ -22,6 +22,8 @@ moves.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import mmap
 import os
@@ -40,10 +42,26 @@ SLOW_FAULT_S = 0.004  # a 2 MB page fault this slow: the kernel has none at hand
 _now = time.perf_counter  # how faults are timed (a test makes one slow)
 
 
+# what an unset LINNET_HUGE_PAGES means here: `linnet serve` loads once and decodes for
+# hours, so it waits for every 2 MB page (`every_page`)
+_unset = contextvars.ContextVar("linnet_huge_pages_unset", default="auto")
+
+
+@contextlib.contextmanager
+def every_page():
+    """Within the block an unset LINNET_HUGE_PAGES means "always"."""
+    token = _unset.set("always")
+    try:
+        yield
+    finally:
+        _unset.reset(token)
+
+
 def mode() -> str:
     """ "off" (LINNET_HUGE_PAGES=0, or no madvise here: not Linux), "always" (every 2 MB
-    page however long its fault takes) or "auto" (the default: until one is slow)."""
-    value = os.environ.get("LINNET_HUGE_PAGES", "auto").strip().lower()
+    page however long its fault takes) or "auto" (the default outside `every_page`: until
+    one is slow)."""
+    value = os.environ.get("LINNET_HUGE_PAGES", _unset.get()).strip().lower()
     if value in OFF_VALUES or not (
         hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
     ):
