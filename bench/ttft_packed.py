@@ -6,7 +6,8 @@ the same GGUF file, rounds interleaved in one process.
 
 Linnet: `mode="generated"`, `numerics="fast"`, the GGUF loaded as `dtype` (packed types stay
 packed: a prompt above the packed kernels' 64 rows takes the blocked path, a block of rows
-dequantized into a reused buffer and multiplied by MKL's f32 GEMM); bf16 loads the HF folder
+dequantized into a reused buffer and multiplied by MKL's f32 GEMM, or in bf16 where the CPU
+has bf16 dot products: docs/torch.md, "Session 23"); bf16 loads the HF folder
 in bf16, as bench/packed_decode.py does. llama.cpp: llama-cpp-python, `n_batch` = the prompt,
 the same threads. What is timed is one prompt pass from an empty cache to the logits of its
 last position (the first token's), after one untimed pass each. `--threads 1` times CPU time

@@ -289,6 +289,52 @@ def test_pytorch_path_in_blocks_of_rows(kind, cols, chunk, layout, monkeypatch):
     assert calls == [1]
 
 
+BF16_CASES = [("q8_0", 512), ("q4_0", 512), ("q4_k", 512), ("q5_0", 96)]
+
+
+@pytest.mark.parametrize("kind,cols", BF16_CASES, ids=[f"{k}-{c}" for k, c in BF16_CASES])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_prefill_blocks_in_bf16_within_its_rounding(kind, cols, layout, monkeypatch):
+    """numerics="fast" (`int8_x`) on a CPU with bf16 dot products (forced here: torch's bf16
+    GEMM runs on any CPU): a prefill's blocks multiply in bf16. x and scale * code round to
+    bf16 (u = 2^-8 each), the sums are f32, the block's result rounds to bf16 once: within
+    (3u + 3u^2 + gamma_(K+1)) (1 + u)^2 sum |x| |scale * code| of the exact product, plus
+    the f32 bound over the whole weight (the offsets' terms stay f32). It is not the f32
+    path's result; "equivalent" and batches under BF16_MIN_ROWS are, bit for bit."""
+    monkeypatch.setattr(quantized, "_BF16_DOT", True)
+    w, raw = _packed(kind, rows=97, cols=cols)
+    dense = _gguf_dequantized(raw, kind, w.shape)
+    scaled = w.dequantize_rows(offset=False)
+    x = torch.randn(quantized.KERNEL_MAX_ROWS + 16, cols)
+    x = x.t().contiguous().t() if layout == "columns" else x
+    f32 = quantized._blocked_linear(x, w)
+    w.int8_x = True
+    got = quantized._blocked_linear(x, w)
+    u, n = 2.0**-8, cols + 1
+    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+    bf16_part = (
+        (3 * u + 3 * u * u + gamma) * (1 + u) ** 2 * (x.double().abs() @ scaled.double().abs().t())
+    )
+    delta = (got.double() - x.double() @ dense.double().t()).abs()
+    ok = delta <= bf16_part + _bound(x, dense)
+    assert ok.all(), f"{int((~ok).sum())} outside the bound, max |delta| {delta.max()}"
+    assert not torch.equal(got, f32)  # the bf16 GEMM ran
+    # and it is that GEMM: the bf16 operands' f32 product rounded to bf16 once, the offsets'
+    # f32 terms added; the two sum in other orders, so a few results round to the next bf16
+    xb, wb = x.bfloat16().double(), scaled.bfloat16().double()
+    part = (xb.float() @ wb.float().t()).bfloat16().float()
+    like = part if w.offset is None else quantized._offset_terms(x, w).t() + part
+    # one bf16 step at |part|, both f32 sums' own errors, the f32 add of the offsets' terms
+    sums = (xb.abs() @ wb.abs().t()).float()
+    ulp = part.abs() * 2.0**-7 + 2 * gamma * sums + like.abs() * 2.0**-23
+    assert ((got - like).abs() <= ulp).all() and (got == like).float().mean() > 0.9
+    few = x[: quantized.BF16_MIN_ROWS - 1]
+    fast_few = quantized._blocked_linear(few, w)
+    w.int8_x = False
+    assert torch.equal(quantized._blocked_linear(x, w), f32)
+    assert torch.equal(fast_few, quantized._blocked_linear(few, w))
+
+
 def test_kernels_off_uses_the_pytorch_path(monkeypatch):
     """LINNET_KERNELS=0: no kernel, and a one-row linear runs the PyTorch path."""
     monkeypatch.setenv("LINNET_KERNELS", "0")
