@@ -172,3 +172,14 @@ def test_compile_mode_keeps_bf16_row_major(tied, monkeypatch):
     (nothing is compiled before the first call)."""
     model = _load(tied, monkeypatch, preferred=True, mode="compile")
     assert all(p.is_contiguous() for p in model.runner.module.parameters())
+
+
+@needs_kernels
+@pytest.mark.parametrize("built", [False, True])
+def test_amd_choices_keep_bf16_row_major(amd_tuning, built, monkeypatch):
+    """Column-major bf16 is preferred only where the kernels have no bf16 dot product (the
+    build's answer, both here) and the Xeon's choices hold: under AMD's the AVX2 row tiles
+    read faster."""
+    kernels._built_answer("bf16_columns_preferred")  # cached once per process
+    monkeypatch.setitem(kernels._loaded, "bf16_columns_preferred", built)
+    assert kernels.bf16_columns_preferred() == (built and not amd_tuning)

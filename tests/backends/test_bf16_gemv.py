@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from linnet.backends.torch import kernels, prelude
+from tests.backends.avx2_build import cpu_flags, run_avx2_build
 
 
 def _native() -> bool:
@@ -52,14 +53,18 @@ def test_linear_lowp_matches_exact_sums(rows, cols, batch, amd_tuning, monkeypat
     assert calls == [1]
 
 
+def _avx512_bf16() -> bool:
+    return "avx512_bf16" in cpu_flags()
+
+
 def test_rows_in_sequence_give_the_same_bits():
-    """kernels/cpu_tuning.h: AMD's walk (each row front to back) sums each row in the same
-    order as the side-by-side tiles, so the two give the same bits (97 rows: a ragged end)."""
-    if not kernels.cpu_supported():
-        assert (
-            kernels.bf16_linear_op(torch.ones(1, 64).bfloat16(), torch.ones(4, 64).bfloat16())
-            is None
-        )
+    """kernels/cpu_tuning.h: with AVX512-BF16, AMD's walk (each row front to back) sums each
+    row in the same order as the side-by-side tiles, so the two give the same bits (97
+    rows: a ragged end). The AVX2 build's AMD walk sums in four chains, another order
+    (`test_the_avx2_build_matches_exact_sums`)."""
+    if not kernels.cpu_supported() or not _avx512_bf16():
+        ones = torch.ones(1, 64).bfloat16(), torch.ones(4, 64).bfloat16()
+        assert (kernels.bf16_linear_op(*ones) is None) == (not kernels.cpu_supported())
         return
     w, x, b = (torch.randn(s).bfloat16() for s in ((97, 576), (3, 576), (97,)))
     before = kernels.force_amd_tuning(0)
@@ -80,3 +85,29 @@ def test_kernels_off_keeps_torchs_linear(monkeypatch):
     torch.testing.assert_close(
         prelude.linear_lowp(x, w), torch.nn.functional.linear(x, w), rtol=0, atol=0
     )
+
+
+_AVX2_SCRIPT = """
+for amd in (0, 1, 0):
+    ops.amd_tuning(amd)
+    for rows, cols, batch in ((97, 576, 1), (13, 1536, 3), (5, 96, 2), (7, 32, 1)):
+        w, x, b = (torch.randn(s).bfloat16() for s in ((rows, cols), (batch, cols), (rows,)))
+        got = ops.bf16_linear(x, w, b).double()
+        exact = x.double() @ w.double().t() + b.double()
+        n, u = cols + 1, 2.0**-24
+        mag = x.double().abs() @ w.double().abs().t() + b.double().abs()
+        f32 = n * u / (1 - n * u) * mag
+        bound = f32 + 2.0**-8 * (exact.abs() + f32)
+        assert ((got - exact).abs() <= bound).all(), (amd, rows, cols, (got - exact).abs().max())
+print(ops.bf16_gemv_native(), ops.amd_tuned())
+"""
+
+
+@pytest.mark.skipif(not _avx512_bf16(), reason="the AVX2 build is tested beside an AVX-512 one")
+def test_the_avx2_build_matches_exact_sums(tmp_path):
+    """A CPU without AVX512-BF16 runs the AVX2 kernel: bf16_gemv.cpp built alone with AVX2
+    code (`avx2_build`), both walks (the Xeon's tiles with prefetch; AMD's rows front to
+    back in four chains) within the exact sums' bound (97 rows: tiles and a ragged end; 32
+    columns: one pass of the four chains; batches of 1 to 3)."""
+    out = run_avx2_build("bf16_gemv.cpp", _AVX2_SCRIPT, tmp_path)
+    assert out.split() == ["True", "False"]

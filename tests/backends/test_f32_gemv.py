@@ -1,26 +1,21 @@
 """Linnet's f32 GEMV (linnet/backends/torch/kernels/f32_gemv.cpp): under numerics="fast",
-f32 linears of at most `kernels.F32_GEMV_ROWS` rows where the kernels were built with
-AVX512F and take AMD's choices (kernels/cpu_tuning.h); torch's F.linear everywhere else.
-Against exact (f64) sums within f32 summation error; both choices forced on this machine."""
+f32 linears of at most `kernels.F32_GEMV_ROWS` rows where the kernels were built (AVX512F,
+or AVX2 with FMA) and take AMD's choices (kernels/cpu_tuning.h); torch's F.linear
+everywhere else. Against exact (f64) sums within f32 summation error; both choices forced
+on this machine, and the AVX2 build too on an AVX-512 one."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from linnet.backends.torch import kernels, prelude
-
-
-def _avx512f() -> bool:
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and "avx512f" in cpuinfo.read_text().split()
+from tests.backends.avx2_build import avx512f, run_avx2_build
 
 
 def _offered(amd_tuning: int) -> bool:
-    return bool(amd_tuning) and _avx512f() and kernels.cpu_supported()
+    return bool(amd_tuning) and kernels.cpu_supported()  # AVX2 with FMA at least
 
 
 def _bound(x, w, b, exact):
@@ -89,3 +84,26 @@ def test_a_decoder_step_on_either_choice(tiny_checkpoint, amd_tuning, monkeypatc
     ids = probe_ids(model.config["vocab"])[:1]
     assert model.generate(ids, 8).tolist() == reference_greedy(folder, ids, 8).tolist()
     assert ran and all((op is not None) == _offered(amd_tuning) for op in ran)
+
+
+_AVX2_SCRIPT = """
+for rows, cols, batch in ((97, 576, 1), (13, 1536, 4), (5, 40 * 16, 3), (7, 16, 1)):
+    w, x, b = torch.randn(rows, cols), torch.randn(batch, cols), torch.randn(rows)
+    got = ops.f32_linear(x, w, b).double()
+    exact = x.double() @ w.double().t() + b.double()
+    n, u = cols + 1, 2.0**-24
+    bound = n * u / (1 - n * u) * (x.double().abs() @ w.double().abs().t() + b.double().abs())
+    assert ((got - exact).abs() <= bound).all(), (rows, cols, (got - exact).abs().max())
+print(ops.f32_gemv_lanes(), ops.f32_gemv_native())
+"""
+
+
+@pytest.mark.skipif(not avx512f(), reason="the AVX2 build is tested beside an AVX-512 one")
+def test_the_avx2_build_matches_exact_sums(tmp_path):
+    """An AMD CPU without AVX-512 (Zen 2, 3) runs the 8-lane chains: f32_gemv.cpp built
+    alone with AVX2 code (`avx2_build`), the op's 8-lane answer and exact sums (576
+    columns: 18 passes of 32; 640: 20; 16: two 8-element tails)."""
+    out = run_avx2_build("f32_gemv.cpp", _AVX2_SCRIPT, tmp_path)
+    assert out.split() == ["8", "True"]
+    native = kernels.load()
+    assert native is None or native.f32_gemv_lanes() == 16  # this CPU's own build: AVX-512

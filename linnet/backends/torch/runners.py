@@ -121,7 +121,8 @@ def _column_major_wins(
     EPYC), a fused qkv or gate/up (0.67-0.77x the time for [640, 512], [960, 576],
     [1536, 576], [3072, 576]); wide or square ones ([576, 1536], [576, 576]) read slower
     that way, and a prompt's GEMM reads either alike (docs/torch.md). A bf16 one reads
-    faster so in every shape where the CPU has no bf16 dot product: the kernels' columns
+    faster so in every shape where the CPU has no bf16 dot product (under the Xeon's
+    choices; AMD's keep rows): the kernels' columns
     GEMV streams it once, 14-18% sooner than its rows (`kernels.bf16_columns_preferred`;
     whole 16-row blocks). `bf16=False` (under torch.compile, which never calls the kernels):
     bf16 stays row-major. `f32_rows`: Linnet's f32 GEMV reads the f32 linears (numerics

@@ -168,8 +168,10 @@ def bf16_columns_preferred() -> bool:
     """Whether bf16 decode linears read faster held column-major here: bf16_columns.cpp
     runs and this CPU has no bf16 dot product (the kernels were built without
     AVX512-BF16), so the row-major alternative is the same widening FMAs in a worse
-    order (docs/torch.md, "Session 19")."""
-    return _built_answer("bf16_columns_preferred")
+    order on the Xeon (docs/torch.md, "Session 19"); not under AMD's choices, where the
+    AVX2 row tiles read SmolLM2's bf16 linears at 13.2 GB/s and the columns at 8.8-11.0
+    (the Zen 4 EPYC running its AVX2 code: "Session 23")."""
+    return _built_answer("bf16_columns_preferred") and not _amd_tuned()
 
 
 def bf16_gemv_available() -> bool:

@@ -167,6 +167,26 @@ void bf16_tile(const float* x, const uint16_t* w, float* sums, int64_t r0, int64
     for (int b = 0; b < B; ++b) sums[r * B + b] = hsum(acc[r][b]);
 }
 
+// One row . x (x widened by widen_x; cols a multiple of 32), read front to back with four
+// chains of FMAs and no software prefetch: AMD's choice (cpu_tuning.h), as f32_gemv.cpp
+// reads f32 rows. SmolLM2's bf16 linears on the Zen 4 EPYC's AVX2 code, one thread:
+// 17.5-18.3 GB/s, the tiles 13.1-14.7 (docs/torch.md, "Session 23"). Another order of
+// sums than the tiles: not the same bits.
+inline float bf16_row_seq(const float* x, const uint16_t* row, int64_t cols) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (int64_t k = 0; k < cols; k += 32) {
+    __m256 lo0, hi0, lo1, hi1;
+    widen16(row + k, lo0, hi0);
+    widen16(row + k + 16, lo1, hi1);
+    a0 = _mm256_fmadd_ps(lo0, _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(x + k + 24), a3);
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
 // rows r0..r0+R of y for every x row: x rows two at a time (the weights widened once for both)
 template <int R>
 void bf16_rows(const float* x, const uint16_t* w, float* sums, int64_t r0, int64_t batch, int64_t cols) {
@@ -194,11 +214,16 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   auto* yp = reinterpret_cast<c10::BFloat16*>(y.data_ptr());
   const int64_t tiles = (rows + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * cols));
+  const bool in_sequence = linnet::amd_tuning();  // cpu_tuning.h
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> sums(batch * kRows);
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r0 = t * kRows, n = std::min<int64_t>(kRows, rows - r0);
-      if (n == kRows) {
+      if (in_sequence) {
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t bi = 0; bi < batch; ++bi)
+            sums[bi * kRows + r] = bf16_row_seq(xp + bi * cols, wp + (r0 + r) * cols, cols);
+      } else if (n == kRows) {
         bf16_rows<kRows>(xp, wp, sums.data(), r0, batch, cols);
       } else {  // a ragged end: one row at a time, into the full tile's layout
         std::vector<float> one(batch);
