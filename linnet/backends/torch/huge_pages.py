@@ -4,12 +4,12 @@ A decode step streams every weight once (SmolLM2-135M: 540 MB in f32), and with 
 pages each 4 KB of it is a TLB entry: hundreds of thousands of page walks a step. Where
 the kernel's THP setting is `madvise` (the common default: `always` is rare), torch's
 allocations get 4 KB pages unless torch was started with THP_MEM_ALLOC_ENABLE=1.
-`hold_in_huge_pages` copies the weights' storages into one anonymous mapping marked
-MADV_HUGEPAGE, aligned to 2 MB, and points every tensor that shared a storage at its
-copy (views stay views, a tied weight stays one), so the old storages are freed. On
-sessions 16-21's AVX-512 Xeon SmolLM2's decode step took 0-16% less time with every
-weight in 2 MB pages (bf16 14%, q8_0 16%, f32 3%, q4_0 none: docs/torch.md, "Session
-21"). Values and layouts do not change: only where the bytes lie.
+`hold_in_huge_pages` copies the bytes the weights read of their storages into one
+anonymous mapping marked MADV_HUGEPAGE, aligned to 2 MB, and points every tensor that
+shared a storage at its copy (views stay views, a tied weight stays one), so the old
+storages are freed. On sessions 16-21's AVX-512 Xeon SmolLM2's decode step took 0-16%
+less time with every weight in 2 MB pages (bf16 14%, q8_0 16%, f32 3%, q4_0 none:
+docs/torch.md, "Session 21"). Values and layouts do not change: only where the bytes lie.
 
 Storages move one at a time, each one's 2 MB pages faulted in just before its copy
 (`_Arena.fault_in`), so loading peaks at the weights plus the largest storage. Where a
@@ -86,10 +86,12 @@ def hold_in_huge_pages(module: torch.nn.Module, params: dict) -> int:
     """Moves the CPU storages of at least MIN_BYTES that the module's and `params`' weights
     read into one MADV_HUGEPAGE mapping; returns the bytes moved (0: nothing moved).
 
-    One storage at a time: its pages faulted in, the copy made, every place pointed at it,
-    the old storage freed and handed back, so a load's memory peaks at the weights plus
-    the largest storage, not twice the weights (faulting the whole mapping in first made
-    a tensor-parallel rank of SmolLM2 grow 457 MB by its load where its share is 171).
+    One storage at a time, only the bytes its tensors read (`_span`): its pages faulted
+    in, the copy made, every place pointed at it, the old storage freed and handed back,
+    so a load's memory peaks at the weights plus the largest storage, not twice the
+    weights (a tensor-parallel rank of SmolLM2 holding 171 MiB grew 457 MB by its load
+    when the whole mapping was faulted in first and its embedding slice moved the whole
+    table it was a view of).
     Each slot gets a new tensor over the copy (one per old tensor object, so two slots
     that held one object still do): setting the old tensor on the new storage in place
     would keep a view's base, and with it the old storage, alive."""

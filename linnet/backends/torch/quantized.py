@@ -236,7 +236,7 @@ def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         hi = min(lo + step, w.rows)
         rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
         chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
-        if low:  # bf16 codes times scales, f32 sums, the block's result rounded to bf16
+        if low:  # scale * code rounded to bf16, f32 sums, the block's result in bf16
             chunk = _scratch(len(buf), x2.device, torch.bfloat16)[: chunk.numel()]
             chunk = chunk.view_as(rows).copy_(rows)
             part = torch.mm(chunk, xs.t())
