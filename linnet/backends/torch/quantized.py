@@ -228,6 +228,7 @@ def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     buf = _scratch(step * w.cols, x2.device)
     low = _bf16_blocks(x2, w)
     xs = x2.to(torch.bfloat16) if low else x2
+    low_buf = _scratch(len(buf), x2.device, torch.bfloat16) if low else None
     if w.offset is None:  # rows of the result contiguous, one block at a time
         out_t = torch.empty(w.rows, len(x2), device=x2.device)
     else:
@@ -237,8 +238,7 @@ def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         rows = buf[: (hi - lo) * w.cols].view(hi - lo, w.cols)
         chunk = w.dequantize_rows(lo, hi, out=rows, offset=False)
         if low:  # scale * code rounded to bf16, f32 sums, the block's result in bf16
-            chunk = _scratch(len(buf), x2.device, torch.bfloat16)[: chunk.numel()]
-            chunk = chunk.view_as(rows).copy_(rows)
+            chunk = low_buf[: chunk.numel()].view_as(rows).copy_(rows)
             part = torch.mm(chunk, xs.t())
             if w.offset is None:
                 out_t[lo:hi].copy_(part)
@@ -251,7 +251,9 @@ def _blocked_linear(x2: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     return out_t.t()
 
 
-_BF16_DOT = any(  # AVX512-BF16 or AMX: torch's bf16 GEMM runs on the CPU's own dot products
+# AVX512-BF16 or AMX: torch's bf16 GEMM runs on the CPU's own dot products (prelude's
+# `_cpu_has_lowp_dot` asks the same probes; prelude runs standalone, so it cannot import this)
+_BF16_DOT = any(
     getattr(getattr(torch, "cpu", None), probe, lambda: False)()
     for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 )
@@ -262,8 +264,9 @@ def _bf16_blocks(x2: torch.Tensor, w: PackedWeight) -> bool:
     """Whether the blocked path multiplies in bf16: under numerics="fast" (`w.int8_x`: x
     may be rounded, as the integer kernel rounds it to int8), on a CPU with bf16 dot
     products, for a batch of BF16_MIN_ROWS or more (a prefill). On the Zen 4 EPYC a
-    512-token q8_0 prefill's 1536x576 block GEMMs took 5.7 ms in bf16 against 9.6 in f32
-    (docs/torch.md, "Session 23"); the error is of the order of the integer kernel's."""
+    512-token q8_0 prefill's 1536x576 linear took 5.0 ms in bf16 blocks against 9.5 in f32
+    (bench/prefill_linear.py; docs/torch.md, "Session 23"); the error is of the order of
+    the integer kernel's."""
     return w.int8_x and _BF16_DOT and x2.is_cpu and len(x2) >= BF16_MIN_ROWS
 
 
