@@ -4,7 +4,8 @@ its integer C++ kernel (x rounded to int8, AVX512-VNNI or AVX2), the same with t
 norms, rope and attention on PyTorch's ops instead of decode_ops.cpp ("torch step ops"),
 with its f32 C++ kernel (LINNET_INT8X=0), Linnet's PyTorch path (LINNET_KERNELS=0: what
 ran before the kernels), the first with its weights in 4 KB pages (LINNET_HUGE_PAGES=0:
-before session 21) and all in 2 MB pages (LINNET_HUGE_PAGES=always), and llama.cpp
+before session 21; and so without the row kernels' page-ahead prefetch, page_ahead.h:
+before session 24) and all in 2 MB pages (LINNET_HUGE_PAGES=always), and llama.cpp
 (mapping the file, its default, and reading it into its own memory), all on the same
 GGUF file; for q4_k also the integer kernel with the file's q5_0 matrices in q8_0's
 layout (before session 15).
@@ -96,9 +97,11 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
     export (Linnet's linears through MKL, tall ones column-major: docs/torch.md)."""
     path = Path(ckpt) if dtype == "bf16" else gguf
     run = linnet_decoder(path, dtype)
+    small_pages = linnet_decoder(path, dtype, pages="0")
     found = {
         "linnet int8 x": (run, "1"),
-        "linnet int8 x, 4 KB pages": (linnet_decoder(path, dtype, pages="0"), "1"),
+        "linnet int8 x, 4 KB pages": (small_pages, "1"),
+        "linnet int8 x, 4 KB pages, no page-ahead": (small_pages, "nopage"),
         "linnet int8 x, 2 MB pages always": (linnet_decoder(path, dtype, pages="always"), "1"),
         "linnet torch step ops": (run, "nostep"),
         "linnet kernel": (run, "int8x=0"),
@@ -107,7 +110,7 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
         "llama.cpp, no mmap": (llamacpp_decoder(gguf, threads, use_mmap=False), "1"),
     }
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
-        for pages in ("4 KB pages", "2 MB pages always"):
+        for pages in ("4 KB pages", "4 KB pages, no page-ahead", "2 MB pages always"):
             found[f"linnet kernel, {pages}"] = found.pop(f"linnet int8 x, {pages}")
         del found["linnet int8 x"], found["linnet torch step ops"]
     if dtype == "q4_k":  # most of SmolLM2's q4_K_M is q5_0 (576-wide rows)
@@ -127,8 +130,11 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
     ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     runs = variants(gguf, dtype, args.threads, ckpt)
     times: dict[str, list[float]] = {name: [] for name in runs}
+    ahead = kernels_mod.set_page_ahead(0)  # the default distance, put back below
     for _ in range(args.rounds):
         for name, (decode, kernels) in runs.items():
+            os.environ["LINNET_KERNELS"] = "1"  # the op exists only while the kernels load
+            kernels_mod.set_page_ahead(0 if kernels == "nopage" else ahead)
             # both read on every packed linear call; int8x=0: the f32 kernel
             os.environ["LINNET_KERNELS"] = "0" if kernels == "0" else "1"
             os.environ["LINNET_INT8X"] = "0" if kernels == "int8x=0" else "1"
@@ -136,6 +142,8 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
     kernels_mod.step_ops = step_ops
+    os.environ["LINNET_KERNELS"] = "1"
+    kernels_mod.set_page_ahead(ahead)
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
     found = {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}

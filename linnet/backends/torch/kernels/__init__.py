@@ -10,6 +10,7 @@
     f32_linear_op(x, w)         # f32_gemv.cpp's op where cpu_tuning.h takes AMD's choices,
                                 # or None (torch's linear); f32_decode_linear(x, w, b) runs it
     force_amd_tuning(mode)      # cpu_tuning.h's choices forced on (1), off (0), by CPU (-1)
+    set_page_ahead(nbytes)      # page_ahead.h's distance (0: off), for benchmarks
     bf16_columns_preferred()    # hold bf16 linears column-major (no bf16 dot product here)
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
@@ -50,7 +51,7 @@ SOURCES = (
     "mxfp4_int8.cpp",
     "decode_ops.cpp",
 )
-HEADERS = ("cpu_tuning.h",)  # included by the sources: part of the build's key
+HEADERS = ("cpu_tuning.h", "page_ahead.h")  # included by the sources: part of the build's key
 FLAGS = ("-O3", "-march=native")
 OFF_VALUES = ("0", "off", "false", "no")  # what turns an environment switch off
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused
@@ -162,6 +163,16 @@ def force_amd_tuning(mode: int) -> int:
     before = int(ops.amd_tuning(mode))
     _loaded.pop("amd", None)
     return before
+
+
+def set_page_ahead(nbytes: int) -> int:
+    """Set how far ahead (bytes, whole 4 KB pages; 0: off) the row kernels touch the
+    weights' pages (page_ahead.h) for this process; answers the distance before. Benchmarks
+    run both on one machine. Raises where the kernels do not load."""
+    ops = load()
+    if ops is None:
+        raise RuntimeError("linnet's C++ kernels are not loaded here")
+    return int(ops.page_ahead(nbytes))
 
 
 def bf16_columns_preferred() -> bool:

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cpu_tuning.h"
+#include "page_ahead.h"
 
 namespace {
 
@@ -61,6 +62,7 @@ void bf16_rows(const uint16_t* x, const uint16_t* w, float* acc_out, int64_t r0,
 // One row . x (cols a multiple of 32), read front to back: the same sums, in the same
 // order, as bf16_rows gives that row.
 inline float bf16_row(const uint16_t* x, const uint16_t* row, int64_t cols) {
+  linnet::touch_pages_ahead(row, cols * 2);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k = 0; k < cols; k += 32)
     acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(row + k), (__m512bh)_mm512_loadu_si512(x + k));
@@ -168,11 +170,12 @@ void bf16_tile(const float* x, const uint16_t* w, float* sums, int64_t r0, int64
 }
 
 // One row . x (x widened by widen_x; cols a multiple of 32), read front to back with four
-// chains of FMAs and no software prefetch: AMD's choice (cpu_tuning.h), as f32_gemv.cpp
-// reads f32 rows. SmolLM2's bf16 linears on the Zen 4 EPYC's AVX2 code, one thread:
-// 17.5-18.3 GB/s, the tiles 13.1-14.7 (docs/torch.md, "Session 23"). Another order of
-// sums than the tiles: not the same bits.
+// chains of FMAs, no prefetch per line (one per 4 KB page, page_ahead.h): AMD's choice
+// (cpu_tuning.h), as f32_gemv.cpp reads f32 rows. SmolLM2's bf16 linears on the Zen 4
+// EPYC's AVX2 code, one thread: 17.5-18.3 GB/s, the tiles 13.1-14.7 (docs/torch.md,
+// "Session 23"). Another order of sums than the tiles: not the same bits.
 inline float bf16_row_seq(const float* x, const uint16_t* row, int64_t cols) {
+  linnet::touch_pages_ahead(row, cols * 2);
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
   for (int64_t k = 0; k < cols; k += 32) {
@@ -262,12 +265,20 @@ int64_t amd_tuning(int64_t mode) {
   return before;
 }
 bool amd_tuned() { return linnet::amd_tuning(); }
+// Set page_ahead.h's distance for the whole process (bytes, 0: off); answers the one before.
+int64_t page_ahead(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0 && bytes % linnet::kPage == 0, "page_ahead: a whole number of 4 KB pages");
+  const int64_t before = linnet::page_ahead();
+  linnet::page_ahead() = bytes;
+  return before;
+}
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("bf16_linear(Tensor x, Tensor w, Tensor? b) -> Tensor");
   m.def("amd_tuning(int mode) -> int", amd_tuning);
   m.def("amd_tuned() -> bool", amd_tuned);
+  m.def("page_ahead(int bytes) -> int", page_ahead);
   m.def("bf16_gemv_native() -> bool", native);
 }
 
