@@ -61,15 +61,7 @@ def _run(script: str) -> str:
     return done.stdout
 
 
-def _loaded():
-    ops = kernels.load()
-    if ops is None:
-        pytest.skip("linnet's C++ kernels do not load here (no compiler, or not x86)")
-    return ops
-
-
-def test_the_distance_is_set_and_answered():
-    _loaded()
+def test_the_distance_is_set_and_answered(ops):  # ops: conftest's, the kernels built
     default = kernels.set_page_ahead(0)
     try:
         assert default == 128 * 1024
@@ -82,10 +74,9 @@ def test_the_distance_is_set_and_answered():
         kernels.set_page_ahead(default)
 
 
-def test_rows_read_up_to_unreadable_pages_the_same_at_every_distance():
+def test_rows_read_up_to_unreadable_pages_the_same_at_every_distance(ops):
     """AMD's walks (forced: the row kernels that prefetch pages), f32 and bf16, in a
     process of its own (a fault would kill it)."""
-    _loaded()
     script = _GUARDED + (
         "ops.amd_tuning(1)\n"
         "same_bits_at_every_distance(ops.f32_linear, torch.float32, cols=1536)\n"
