@@ -130,11 +130,11 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
     ids = torch.randint(0, 49152, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     runs = variants(gguf, dtype, args.threads, ckpt)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    ahead = kernels_mod.set_page_ahead(0)  # the default distance, put back below
+    ops = kernels_mod.load()  # its page_ahead op: the distance for each variant's rounds
+    ahead = ops.page_ahead(0)  # the default, put back below
     for _ in range(args.rounds):
         for name, (decode, kernels) in runs.items():
-            os.environ["LINNET_KERNELS"] = "1"  # the op exists only while the kernels load
-            kernels_mod.set_page_ahead(0 if kernels == "nopage" else ahead)
+            ops.page_ahead(0 if kernels == "nopage" else ahead)
             # both read on every packed linear call; int8x=0: the f32 kernel
             os.environ["LINNET_KERNELS"] = "0" if kernels == "0" else "1"
             os.environ["LINNET_INT8X"] = "0" if kernels == "int8x=0" else "1"
@@ -142,8 +142,7 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
     kernels_mod.step_ops = step_ops
-    os.environ["LINNET_KERNELS"] = "1"
-    kernels_mod.set_page_ahead(ahead)
+    ops.page_ahead(ahead)
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
     found = {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}

@@ -167,8 +167,9 @@ def force_amd_tuning(mode: int) -> int:
 
 def set_page_ahead(nbytes: int) -> int:
     """Set how far ahead (bytes, whole 4 KB pages; 0: off) the row kernels touch the
-    weights' pages (page_ahead.h) for this process; answers the distance before. Benchmarks
-    run both on one machine. Raises where the kernels do not load."""
+    weights' pages (page_ahead.h) for this process; answers the distance before (the op
+    itself, `page_ahead`, is what bench/packed_decode.py calls between variants). Raises
+    where the kernels do not load."""
     ops = load()
     if ops is None:
         raise RuntimeError("linnet's C++ kernels are not loaded here")

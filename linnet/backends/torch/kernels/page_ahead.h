@@ -23,11 +23,9 @@ inline int64_t& page_ahead() {
   return bytes;
 }
 
-// One prefetch for each 4 KB page under [at, at + bytes), page_ahead() / `per` bytes on:
-// a stream read at 1/per the rate of the weights' codes (a packed weight's scales) keeps
-// the same lead in rows.
-inline void touch_pages_ahead(const void* at, int64_t bytes, int64_t per = 1) {
-  const int64_t ahead = page_ahead() / per;
+// One prefetch for each 4 KB page under [at, at + bytes), page_ahead() bytes on.
+inline void touch_pages_ahead(const void* at, int64_t bytes) {
+  const int64_t ahead = page_ahead();
   if (ahead == 0) return;
   const char* p = static_cast<const char*>(at) + ahead;
   for (int64_t j = 0; j < bytes; j += kPage) __builtin_prefetch(p + j);
