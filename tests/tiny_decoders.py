@@ -187,6 +187,17 @@ def probe_ids(vocab_size: int, shape: tuple[int, int] = PROBE_SHAPE, seed: int =
     return torch.randint(0, vocab_size, shape, generator=g, dtype=torch.long)
 
 
+def greedy_steps(model, steps: int = 3) -> list:
+    """A Linnet decoder's logits for the first probe row's prompt, then for `steps` greedy
+    one-token steps after it (the cache reset first)."""
+    ids = probe_ids(model.hf_config["vocab_size"])[:1]
+    model.reset()
+    outs = [model.decode(ids, 0)]
+    for _ in range(steps):
+        outs.append(model.decode(outs[-1].argmax(-1)[:, None], model.position))
+    return outs
+
+
 def logit_gaps(logits: torch.Tensor) -> torch.Tensor:
     """Top-1 minus top-2 logit along the last axis."""
     top = torch.topk(logits.float(), 2, dim=-1).values

@@ -24,7 +24,7 @@ import torch
 import linnet.torch as lt
 from linnet.backends.torch import huge_pages
 from linnet.backends.torch.huge_pages import HUGE, hold_in_huge_pages, slots
-from tests.checkpoints import build_tiny, probe_ids
+from tests.checkpoints import build_tiny, greedy_steps
 
 
 def _vm_flags(address: int) -> list[str]:
@@ -39,15 +39,6 @@ def _vm_flags(address: int) -> list[str]:
             elif inside and line.startswith("VmFlags:"):
                 return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
-
-
-def _decode(model, steps=3):
-    ids = probe_ids(model.hf_config["vocab_size"])[:1]
-    model.reset()
-    outs = [model.decode(ids, 0)]
-    for _ in range(steps):
-        outs.append(model.decode(outs[-1].argmax(-1)[:, None], model.position))
-    return outs
 
 
 def _storages(model) -> dict:
@@ -77,7 +68,7 @@ def test_runner_weights_in_one_huge_page_mapping_same_bits(everything, monkeypat
     monkeypatch.setenv("LINNET_HUGE_PAGES", "0")
     plain = lt.load(folder, mode="generated", numerics="fast", dtype=dtype)
     assert storage not in _storages(plain) and len(_storages(plain)) > 1
-    assert all(torch.equal(a, b) for a, b in zip(_decode(model), _decode(plain)))
+    assert all(torch.equal(a, b) for a, b in zip(greedy_steps(model), greedy_steps(plain)))
 
 
 def test_tied_and_stacked_weights_still_share(everything):
