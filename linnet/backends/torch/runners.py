@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from linnet.backends.torch import kernels
+from linnet.backends.torch import kernels, stream_ahead
 from linnet.backends.torch.codegen import (
     class_name,
     generate_graphs,
@@ -259,6 +259,11 @@ class GeneratedRunner:
         self.inputs = entry_inputs(self.graphs)
         self.methods = {e: getattr(self.module, e) for e in self.graphs}
         self._views: dict = {}  # whole state name -> (tensor, {part ident: view})
+        # one-token steps on one core, the weights streamed ahead on the other
+        self.one_core = (
+            not compiled and numerics == "fast" and torch.device(device).type == "cpu"
+            and stream_ahead.worth_streaming(self.module)
+        )  # fmt: skip
         if compiled:
             use_disk_cache()
             self.methods = compile_entries(self.module, self.methods)
@@ -284,7 +289,11 @@ class GeneratedRunner:
     def run(self, entry, inputs, dims, state):
         graph = self.graphs[entry]
         dim_args = [dims[k] for k in graph.dim_inputs]
-        return self.methods[entry](*inputs, *dim_args, **self.state_args(graph, state))
+        method, states = self.methods[entry], self.state_args(graph, state)
+        if self.one_core and stream_ahead.one_token_step(inputs):
+            with stream_ahead.one_core_step():
+                return method(*inputs, *dim_args, **states)
+        return method(*inputs, *dim_args, **states)
 
 
 def use_disk_cache() -> Path:

@@ -11,6 +11,9 @@
                                 # or None (torch's linear); f32_decode_linear(x, w, b) runs it
     force_amd_tuning(mode)      # cpu_tuning.h's choices forced on (1), off (0), by CPU (-1)
     set_page_ahead(nbytes)      # page_ahead.h's distance (0: off), for benchmarks
+    ops.stream_ahead(nbytes)    # stream_ahead.cpp's helper thread: how far it reads ahead;
+                                # ops.stream_ahead_step(on) for this thread's decode steps
+                                # (linnet/backends/torch/stream_ahead.py decides when)
     bf16_columns_preferred()    # hold bf16 linears column-major (no bf16 dot product here)
     step_ops()                  # load(), for the per-call helpers of a decode step
                                 # (decode_ops.cpp: rms_norm, rope, decode_attention,
@@ -50,8 +53,13 @@ SOURCES = (
     "mxfp4_gemv.cpp",
     "mxfp4_int8.cpp",
     "decode_ops.cpp",
+    "stream_ahead.cpp",
 )
-HEADERS = ("cpu_tuning.h", "page_ahead.h")  # included by the sources: part of the build's key
+HEADERS = (
+    "cpu_tuning.h",
+    "page_ahead.h",
+    "stream_ahead.h",
+)  # included by the sources: part of the build's key
 FLAGS = ("-O3", "-march=native")
 OFF_VALUES = ("0", "off", "false", "no")  # what turns an environment switch off
 _loaded: dict[str, object] = {}  # "ops": the op namespace, or None once refused

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "stream_ahead.h"
+
 namespace {
 
 // Whether the op reads this layout: w^T contiguous with whole 16-row blocks.
@@ -128,6 +130,7 @@ at::Tensor bf16_linear_columns(const at::Tensor& x, const at::Tensor& w, const c
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "shapes");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16");
   TORCH_CHECK(x.is_contiguous() && columns_layout(w), "layout: w^T contiguous, rows a multiple of 16");
+  linnet::reading(w);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
   at::Tensor bias_f;
   if (b.has_value()) {

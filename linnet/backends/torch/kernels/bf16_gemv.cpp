@@ -16,6 +16,7 @@
 
 #include "cpu_tuning.h"
 #include "page_ahead.h"
+#include "stream_ahead.h"
 
 namespace {
 
@@ -71,6 +72,7 @@ inline float bf16_row(const uint16_t* x, const uint16_t* row, int64_t cols) {
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   const at::Tensor bias_f = checked_bias(x, w, b);
+  linnet::reading(w);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
   const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({batch, rows}, x.options());
@@ -208,6 +210,7 @@ void bf16_rows(const float* x, const uint16_t* w, float* sums, int64_t r0, int64
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   const at::Tensor bias_f = checked_bias(x, w, b);
+  linnet::reading(w);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
   const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   const std::vector<float> xf = widen_x(reinterpret_cast<const uint16_t*>(x.data_ptr()), batch * cols);

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "page_ahead.h"
+#include "stream_ahead.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -71,6 +72,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
     TORCH_CHECK(b->scalar_type() == at::kFloat && b->is_contiguous() && b->numel() == w.size(0), "bias");
     bias = b->data_ptr<float>();
   }
+  linnet::reading(w);
   const int64_t batch = x.size(0), rows = w.size(0), cols = w.size(1);
   at::Tensor y = at::empty({batch, rows}, x.options());
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "stream_ahead.h"
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -276,6 +278,8 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& codes, const at:
   at::Tensor y = at::empty(shape, x.options());
   Problem p{x.data_ptr<float>(), codes.data_ptr(), scale.data_ptr<float>(), nullptr,
             y.data_ptr<float>(), batch, rows, cols};
+  linnet::reading(codes), linnet::reading(scale);
+  if (offset.has_value()) linnet::reading(*offset);
   if (codes.scalar_type() == at::kChar) {
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
     run_rows<Q8>(p);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cpu_tuning.h"
+#include "stream_ahead.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -314,6 +315,8 @@ at::Tensor packed_linear_int8x(const at::Tensor& x, const at::Tensor& codes,
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = rows;
   at::Tensor y = at::empty(shape, x.options());
+  linnet::reading(codes), linnet::reading(scale);
+  if (offset.has_value()) linnet::reading(*offset);
   const float* off = nullptr;
   if (codes.scalar_type() == at::kChar) {
     TORCH_CHECK(codes.size(1) == cols && !offset.has_value(), "q8_0 codes");
