@@ -9,7 +9,7 @@ hand. Not that CPU's memory system: the figures are this machine's bandwidth.
       pip wheel --no-deps llama-cpp-python==0.3.36 -w /tmp/wheel    # about 7 minutes
     pip install --no-deps --target /tmp/llama_avx2 /tmp/wheel/llama_cpp_python-*.whl
     python bench/avx2_emulated.py decode --llama-cpp /tmp/llama_avx2 --dtypes bf16,f32 \
-      --out bench/results/checks/packed_decode_avx2_emulated.json
+      --out bench/results/checks/packed_decode_avx2_emulated.json [--threads 2]
 
 - llama.cpp: the build under `--llama-cpp` (refused unless its system info has AVX2 and
   no AVX-512);
@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--llama-cpp", type=Path, required=True, help="an AVX2 build's folder")
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="decode: 2 times the wall clock")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     info = emulate(args.llama_cpp)
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
 
     rest = ["--dtypes", args.dtypes, "--out", str(args.out)]
     if args.bench == "decode":
-        rc = packed_decode.main([*rest, "--threads", "1", "--rounds", str(args.rounds or 5)])
+        threads = ["--threads", str(args.threads)]
+        rc = packed_decode.main([*rest, *threads, "--rounds", str(args.rounds or 5)])
     else:
         rc = ttft_packed.main([*rest, "--rounds", str(args.rounds or 3)])
     record = json.loads(args.out.read_text())

@@ -8,7 +8,9 @@ before session 21; and so without the row kernels' page-ahead prefetch, page_ahe
 before session 24) and all in 2 MB pages (LINNET_HUGE_PAGES=always), and llama.cpp
 (mapping the file, its default, and reading it into its own memory), all on the same
 GGUF file; for q4_k also the integer kernel with the file's q5_0 matrices in q8_0's
-layout (before session 15).
+layout (before session 15). With `--threads 2` also Linnet's step with each linear split
+over both cores (LINNET_STREAM_AHEAD=0: before session 25, when the step did not yet run on
+one core with the other reading the weights ahead, linnet/backends/torch/stream_ahead.py).
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -109,8 +111,11 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
         "llama.cpp, no mmap": (llamacpp_decoder(gguf, threads, use_mmap=False), "1"),
     }
+    if threads > 1:  # each linear over both cores: what two threads ran before session 25
+        found["linnet int8 x, linears split"] = (run, "split")
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
-        for pages in ("4 KB pages", "4 KB pages, no page-ahead", "2 MB pages always"):
+        split = ("linears split",) if threads > 1 else ()
+        for pages in ("4 KB pages", "4 KB pages, no page-ahead", "2 MB pages always", *split):
             found[f"linnet kernel, {pages}"] = found.pop(f"linnet int8 x, {pages}")
         del found["linnet int8 x"], found["linnet torch step ops"]
     if dtype == "q4_k":  # most of SmolLM2's q4_K_M is q5_0 (576-wide rows)
@@ -139,12 +144,17 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
             os.environ["LINNET_KERNELS"] = "0" if kernels == "0" else "1"
             os.environ["LINNET_INT8X"] = "0" if kernels == "int8x=0" else "1"
             kernels_mod.step_ops = (lambda: None) if kernels == "nostep" else step_ops
+            if kernels == "split":  # not streamed ahead on the other core (stream_ahead.py)
+                os.environ["LINNET_STREAM_AHEAD"] = "0"
+            else:
+                os.environ.pop("LINNET_STREAM_AHEAD", None)
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
     kernels_mod.step_ops = step_ops
     ops.page_ahead(ahead)
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
+    os.environ.pop("LINNET_STREAM_AHEAD", None)
     found = {name: {"ms_per_token": statistics.median(t), "rounds": t} for name, t in times.items()}
     return found, huge_pages(gguf)  # read while the variants are alive
 
