@@ -1,6 +1,7 @@
-"""One kernel source built alone with AVX2 code (-march=x86-64-v3: AVX2 and FMA, no
-AVX-512) and a script run over its ops, in a process of its own: what a CPU without
-AVX-512 runs, tested on one that has it (its own build never compiles those branches)."""
+"""One kernel source built alone (with stream_ahead.cpp, which the decode linears call) with
+AVX2 code (-march=x86-64-v3: AVX2 and FMA, no AVX-512) and a script run over its ops, in a
+process of its own: what a CPU without AVX-512 runs, tested on one that has it (its own
+build never compiles those branches)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ _PRELUDE = """
 import torch
 from linnet.backends.torch import kernels
 kernels.FLAGS = ("-O3", "-march=x86-64-v3")
-kernels.SOURCES = ({source!r},)
+kernels.SOURCES = ({source!r}, "stream_ahead.cpp")  # the decode linears note their weights
 torch.ops.load_library(str(kernels._build(kernels.build_dir())))
 ops = torch.ops.linnet_kernels
 torch.manual_seed(0)
