@@ -29,7 +29,6 @@ from linnet.backends.torch.quantized import PackedWeight
 
 DEFAULT_MB = 2  # read ahead (SmolLM2, one model, two threads: q8_0 best at 2, bf16 at 2-4)
 MAX_ROWS = 4  # a step's rows up to which its linears stay GEMVs (kernels.F32_GEMV_ROWS)
-_set: dict[str, int] = {}  # "budget": what the ops were last given
 
 
 def budget_bytes() -> int:
@@ -90,9 +89,7 @@ def one_core_step():
     if budget <= 0:
         yield
         return
-    if _set.get("budget") != budget:
-        ops.stream_ahead(budget)
-        _set["budget"] = budget
+    ops.stream_ahead(budget)  # every step: what the environment says now (~1 us)
     torch.set_num_threads(1)
     ops.stream_ahead_step(True)
     try:

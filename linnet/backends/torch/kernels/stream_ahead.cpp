@@ -73,7 +73,7 @@ struct State {
   std::atomic<bool> asleep{false};
   std::atomic<bool> no_helper{false};   // no helper thread here: a child of fork(), or none made
   std::atomic<int> caller_cpu{-1};
-  std::atomic<int64_t> read_ahead{0};   // bytes the helper read, for tests and benchmarks
+  std::atomic<int64_t> bytes_read{0};   // by the helper, for tests and benchmarks
   std::atomic<int64_t> sink{0};
   std::mutex plan_mu;
   std::shared_ptr<const Plan> plan;  // under plan_mu: what the helper follows
@@ -113,7 +113,7 @@ int64_t read_ahead(State& s, const Plan& plan, int64_t along, int64_t len) {
   int64_t sum = 0;
   for (int64_t j = 0; j < n; j += kLine) sum += *reinterpret_cast<const volatile char*>(w.at + into + j);
   s.sink.fetch_add(sum, std::memory_order_relaxed);
-  s.read_ahead.fetch_add(n, std::memory_order_relaxed);
+  s.bytes_read.fetch_add(n, std::memory_order_relaxed);
   return n;
 }
 
@@ -235,7 +235,7 @@ int64_t stream_ahead(int64_t budget) {
 std::vector<int64_t> stream_ahead_stats() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.note_mu);
-  return {s.read_ahead.load(), s.known ? static_cast<int64_t>(s.known->weights.size()) : 0};
+  return {s.bytes_read.load(), s.known ? static_cast<int64_t>(s.known->weights.size()) : 0};
 }
 
 }  // namespace
