@@ -58,23 +58,29 @@ def _check_checkpoint(path) -> None:
 
 
 class TextStream:
-    """Prints generated tokens as they come: decodes everything so far and writes what is new,
-    holding back an incomplete UTF-8 sequence (a token that ends in the middle of a character)."""
+    """Prints generated tokens as they come, holding back an incomplete UTF-8 sequence (a
+    token that ends in the middle of a character). Each step decodes only the tokens from
+    the last written one's predecessor on (`start`), not everything so far: what a token
+    adds can depend on the one before it (a word's leading space), and decoding the whole
+    answer every step grows with its length (and wakes the tokenizer's threads)."""
 
     def __init__(self, tokenizer, out=None):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.shown = ""
+        self.start = 0  # the window's first token
+        self.written = 0  # tokens whose text is out
         self.out = out or sys.stdout
 
     def __call__(self, token) -> None:
         self.ids.append(int(token.reshape(-1)[0]))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") or not text.startswith(self.shown):
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.start : self.written], skip_special_tokens=True)
+        text = decode(self.ids[self.start :], skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(before) or len(text) == len(before):
             return
-        self.out.write(text[len(self.shown) :])
+        self.out.write(text[len(before) :])
         self.out.flush()
-        self.shown = text
+        self.start, self.written = self.written, len(self.ids)
 
     def text(self) -> str:
         return self.tokenizer.decode(self.ids, skip_special_tokens=True)

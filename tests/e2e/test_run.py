@@ -81,6 +81,26 @@ def test_stream_writes_each_token_as_it_comes_and_never_half_a_character(tokeniz
     assert any(not w for w in writes)  # a character's bytes span tokens: held back
 
 
+def test_stream_decodes_a_short_window_each_step_and_writes_the_whole_text(tokenizer):
+    import torch
+
+    text = " ".join(["The lighthouse keeper counted the waves, 日本語, naïve 🦜."] * 30)
+    ids = tokenizer(text)["input_ids"]
+    lengths = []
+
+    class Counting:  # the tokenizer, recording how many ids each decode is given
+        def decode(self, part, **kw):
+            lengths.append(len(part))
+            return tokenizer.decode(part, **kw)
+
+    out = io.StringIO()
+    stream = TextStream(Counting(), out)
+    for i in ids:
+        stream(torch.tensor([i]))
+    assert len(ids) > 400 and out.getvalue() == tokenizer.decode(ids, skip_special_tokens=True)
+    assert max(lengths) <= 8  # not the whole answer every step
+
+
 def test_run_unknown_target():
     done = CliRunner().invoke(main, ["run", "no-such-model", "--prompt", "hi"])
     assert done.exit_code == 1 and "is not a zoo entry" in done.output
