@@ -28,7 +28,7 @@ from linnet.backends.torch.packed_tensor import PackedTensor
 from linnet.backends.torch.quantized import PackedWeight
 
 DEFAULT_MB = 2  # read ahead (SmolLM2, one model, two threads: q8_0 best at 2, bf16 at 2-4)
-MAX_ROWS = 4  # a step's rows up to which its linears stay GEMVs (kernels.F32_GEMV_ROWS)
+MAX_ROWS = kernels.F32_GEMV_ROWS  # a step's rows up to which its linears are GEMVs
 
 
 def budget_bytes() -> int:
