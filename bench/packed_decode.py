@@ -9,8 +9,10 @@ before session 24) and all in 2 MB pages (LINNET_HUGE_PAGES=always), and llama.c
 (mapping the file, its default, and reading it into its own memory), all on the same
 GGUF file; for q4_k also the integer kernel with the file's q5_0 matrices in q8_0's
 layout (before session 15). With `--threads 2` also Linnet's step with each linear split
-over both cores (LINNET_STREAM_AHEAD=0: before session 25, when the step did not yet run on
-one core with the other reading the weights ahead, linnet/backends/torch/stream_ahead.py).
+over torch's threads (LINNET_STREAM_AHEAD=0: before session 25, when the step did not yet
+run on one core with a helper thread on the other, linnet/backends/torch/stream_ahead.py),
+and with the helper only reading the weights ahead, not sharing the linears' rows
+(session 25's step for bf16 and q8_0, before session 26).
 
     python bench/packed_decode.py --dtypes q8_0,q4_0,bf16 --threads 1 --rounds 5
 
@@ -111,10 +113,11 @@ def variants(gguf: Path, dtype: str, threads: int, ckpt: str) -> dict:
         "llama.cpp": (llamacpp_decoder(gguf, threads), "1"),
         "llama.cpp, no mmap": (llamacpp_decoder(gguf, threads, use_mmap=False), "1"),
     }
-    if threads > 1:  # each linear over both cores: what two threads ran before session 25
+    if threads > 1:  # each linear over torch's threads: what two threads ran before session 25
         found["linnet int8 x, linears split"] = (run, "split")
+        found["linnet int8 x, read ahead only"] = (run, "noshare")  # session 25's helper
     if dtype in ("bf16", "f32"):  # no packed weights: the integer kernel does not apply
-        split = ("linears split",) if threads > 1 else ()
+        split = ("linears split", "read ahead only") if threads > 1 else ()
         for pages in ("4 KB pages", "4 KB pages, no page-ahead", "2 MB pages always", *split):
             found[f"linnet kernel, {pages}"] = found.pop(f"linnet int8 x, {pages}")
         del found["linnet int8 x"], found["linnet torch step ops"]
@@ -148,10 +151,12 @@ def measure(dtype: str, gguf: Path, ckpt: str, args, clock) -> tuple[dict, dict]
                 os.environ["LINNET_STREAM_AHEAD"] = "0"
             else:
                 os.environ.pop("LINNET_STREAM_AHEAD", None)
+            ops.stream_ahead_share(kernels != "noshare")
             decode(ids, 2, clock)  # warm: buffers, caches, the kernel's first build
             times[name].append(1e3 * decode(ids, args.new, clock) / args.new)
     kernels_mod.step_ops = step_ops
     ops.page_ahead(ahead)
+    ops.stream_ahead_share(True)
     os.environ.pop("LINNET_KERNELS")
     os.environ.pop("LINNET_INT8X")
     os.environ.pop("LINNET_STREAM_AHEAD", None)

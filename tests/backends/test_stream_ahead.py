@@ -1,9 +1,10 @@
-"""Decode steps on one core with the weights read ahead on the other (stream_ahead.py,
-kernels/stream_ahead.h): the step must give the same bits as the step split over both
-cores, the helper must really learn the step's weights and read them (its own count), torch
-must get its threads back, and the helper must never read a weight that was freed: it
-holds weak references to the storages. Its speed is measured in bench/packed_decode.py
-(`--threads 2`, "linears split")."""
+"""Decode steps on the calling thread and Linnet's helper thread, which shares the linears'
+rows and reads the weights ahead between them (stream_ahead.py, kernels/stream_ahead.h):
+the step must give the same bits as the step split over torch's threads, each kernel's
+shared rows the bits of its split ones, the helper must really learn the step's weights,
+read them and run rows (its own counts), torch must get its threads back, and the helper
+must never read a weight that was freed: it holds weak references to the storages. Its
+speed is measured in bench/packed_decode.py (`--threads 2`, "linears split")."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import time
 import pytest
 import torch
 
+import linnet.backends.torch.quantized as quantized
 import linnet.torch as lt
 from linnet.backends.torch import kernels, stream_ahead
+from linnet.quantize import quantize_params
 from tests.checkpoints import build_tiny, greedy_steps
 
 
@@ -27,18 +30,21 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0", "f32"])
 def test_streamed_steps_give_the_split_steps_bits(ops, two_threads, monkeypatch, dtype):
+    if dtype == "f32" and not kernels.f32_gemv_preferred():
+        pytest.skip("f32 decode linears are torch's here (not AMD's choices): not streamed")
     folder = str(build_tiny("llama", "base"))
     model = lt.load(folder, mode="generated", numerics="fast", dtype=dtype)
     assert model.runner.one_core
-    read, _ = ops.stream_ahead_stats()
+    read = ops.stream_ahead_stats()[0]
     streamed = greedy_steps(model, 4)
     assert torch.get_num_threads() == 2  # given back after every step
-    read_after, learned = ops.stream_ahead_stats()
+    read_after, learned, _ = ops.stream_ahead_stats()
     # a cycle of every weight a step reads: each layer's fused qkv, wo, fused gate/up and
-    # down, then the head (q8_0: codes and scales each), and the helper read ahead in it
-    per_weight = 2 if dtype == "q8_0" else 1
+    # down, then the head (packed: codes and scales each, and q4_0's offsets where the
+    # integer kernel does not derive them from the scales), and the helper read ahead in it
+    per_weight = {"q8_0": 2, "q4_0": 2 if kernels.int8x_derived_offsets() else 3}.get(dtype, 1)
     assert learned == (4 * model.hf_config["num_hidden_layers"] + 1) * per_weight
     deadline = time.monotonic() + 10  # the helper runs on its own: give it steps to follow
     while read_after == read and time.monotonic() < deadline:
@@ -51,14 +57,54 @@ def test_streamed_steps_give_the_split_steps_bits(ops, two_threads, monkeypatch,
     assert all(torch.equal(a, b) for a, b in zip(streamed, split))
 
 
-def test_not_streamed_where_it_would_not_help(ops, two_threads, monkeypatch):
+def test_not_streamed_where_torch_runs_the_linears(ops, two_threads, monkeypatch):
     folder = str(build_tiny("llama", "base"))
-    for dtype in ("q4_0", "f32"):  # measured slower streamed (stream_ahead.worth_streaming)
-        assert not lt.load(folder, mode="generated", numerics="fast", dtype=dtype).runner.one_core
+    before = kernels.force_amd_tuning(0)  # f32 decode linears then torch's (f32_gemv_preferred)
+    try:
+        assert not lt.load(folder, mode="generated", numerics="fast").runner.one_core
+    finally:
+        kernels.force_amd_tuning(before)
     assert not lt.load(folder, mode="generated", numerics="equivalent").runner.one_core
     assert not stream_ahead.one_token_step([torch.zeros(1, 5, dtype=torch.long)])  # a prompt
     assert not stream_ahead.one_token_step([torch.zeros(8, 1, dtype=torch.long)])  # 8 rows
     assert stream_ahead.one_token_step([torch.zeros(2, 1, dtype=torch.long)])
+
+
+def _kernel_linear(ops, kind: str):
+    """A decode kernel's linear of one row on a weight big enough to be shared (2048 x 768:
+    8 chunks), as a call, or None where this build does not run that kernel."""
+    torch.manual_seed(0)
+    w, x = torch.randn(2048, 768), torch.randn(1, 768)
+    if kind == "bf16":
+        w, x = w.bfloat16(), x.bfloat16()
+        return (lambda: ops.bf16_linear(x, w, None)) if kernels.bf16_gemv_available() else None
+    if kind == "f32":
+        op = kernels.f32_linear_op(x, w)
+        return None if op is None else (lambda: op(x, w, None))
+    packed = quantize_params({"w": w}, kind)["w"]
+    packed.int8_x = kind != "q4_k"  # the integer kernel, and the f32 one for q4_K
+    return lambda: quantized.decode_linear(x, packed)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f32", "q8_0", "q4_0", "q4_k"])
+def test_shared_rows_give_the_split_bits(ops, two_threads, kind):
+    run = _kernel_linear(ops, kind)
+    if run is None:
+        pytest.skip(f"no {kind} decode kernel in this build")
+    split = run()
+    before = ops.stream_ahead(1 << 20)
+    assert not ops.stream_ahead_step(True)
+    try:
+        chunks = ops.stream_ahead_stats()[2]
+        deadline = time.monotonic() + 10  # the helper wakes at a note: give it calls to join
+        while ops.stream_ahead_stats()[2] == chunks and time.monotonic() < deadline:
+            assert torch.equal(run(), split)
+        for _ in range(20):
+            assert torch.equal(run(), split)
+    finally:
+        ops.stream_ahead_step(False)
+        ops.stream_ahead(before)
+    assert ops.stream_ahead_stats()[2] > chunks  # the helper ran some of the rows
 
 
 @pytest.mark.parametrize(
@@ -119,7 +165,7 @@ for _ in range(50):
     got = [ops.bf16_linear(x, w, None) for w in (a, b, c)]
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
     time.sleep(0.001)
-read, learned = ops.stream_ahead_stats()
+read, learned, _ = ops.stream_ahead_stats()
 assert learned == 3 and read > 0, (read, learned)
 del b, got
 mb.close()  # munmap: its bytes are gone

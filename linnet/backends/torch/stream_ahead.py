@@ -1,18 +1,18 @@
-"""Decode steps on one core with the weights streamed ahead on the other
-(kernels/stream_ahead.h; docs/torch.md, "Session 25").
+"""Decode steps on the calling thread and a helper thread of Linnet's own, which reads
+the weights ahead whenever it is not sharing a linear (kernels/stream_ahead.h;
+docs/torch.md, "Session 25" and "Session 26").
 
-One thread reads a CPU decode step's weights about as fast as two, and what is not a
-linear (norms, attention, the step's Python) runs on one thread either way; splitting each
-linear over both cores left the memory idle through that serial part. Under
-`one_core_step()` the step runs on the calling thread alone (torch set to one thread for
-it, so no op wakes torch's other thread onto the helper's core), and Linnet's decode
-linears tell the helper thread which weight they start; it reads the bytes that come next
-into the shared L3. SmolLM2-135M's bf16 step, the Zen 4 EPYC: see docs/torch.md.
+What is not a linear (norms, attention, the step's Python) runs on one thread either way;
+splitting each linear over torch's threads left the memory idle through that serial part.
+Under `one_core_step()` torch is set to one thread for the step (so no op wakes torch's
+other thread onto the helper's core); Linnet's decode linears tell the helper which weight
+they start and hand it part of their rows (`parallel_rows`); between linears it reads the
+bytes that come next into the shared L3. SmolLM2-135M, the Zen 4 EPYC: see docs/torch.md.
 
 It applies where it can help and nothing else changes: a one-token step of at most
 `MAX_ROWS` rows, at least two torch threads, Linnet's C++ kernels loaded, a model whose
-matrices are bf16 or q8_0 (`worth_streaming`), and LINNET_STREAM_AHEAD not 0 (MB read
-ahead, default `DEFAULT_MB`).
+matrices all go through those kernels (`worth_streaming`), and LINNET_STREAM_AHEAD not 0
+(MB read ahead, default `DEFAULT_MB`).
 """
 
 from __future__ import annotations
@@ -47,24 +47,26 @@ def budget_bytes() -> int:
 
 
 def worth_streaming(module: torch.nn.Module) -> bool:
-    """Whether the module's matrices are all of the kinds a streamed step was measured to
-    read faster than a split one (SmolLM2, the Zen 4 EPYC, two threads, interleaved
-    rounds; docs/torch.md, "Session 25"): bf16 where Linnet's bf16 GEMV builds (12.0 ms a
-    step against 13.6 split) and q8_0 (7.8 against 9.6). Not f32: faster alone (22.4
-    against 26.0) but slower beside the benchmark's other models (27.3 against 23.8), so
-    not streamed until that is understood; not 4- and 5-bit codes, which one thread decodes
-    slower than the memory streams them (q4_K_M 8.8 against 8.4, q4_0 7.8 against 7.7);
-    not torch's linears (one thread would only slow them)."""
+    """Whether every matrix of the module is read by one of Linnet's decode kernels, which
+    note their weights for the helper and share their rows with it: bf16 where the bf16
+    GEMV builds, f32 where f32_gemv.cpp is preferred (AMD's choices), packed weights the
+    kernels take. Torch's own linears (f32 elsewhere, MXFP4 experts) split over torch's
+    threads, and under a one-core step would run on one."""
     if kernels.load() is None:
         return False
     bf16_ours = kernels.bf16_gemv_available() or kernels.bf16_columns_preferred()
+    f32_ours = kernels.f32_gemv_preferred()
     for t in module.parameters():
         if isinstance(t, PackedWeight):
-            worth = t.kind == "q8_0"
-        elif isinstance(t, PackedTensor):  # MXFP4 experts: their kernels note no weights
+            worth = t.kernel_ready
+        elif isinstance(t, PackedTensor):  # MXFP4 experts: torch's threads split them
             worth = False
+        elif t.dim() != 2:
+            worth = True
+        elif t.dtype == torch.bfloat16:
+            worth = bf16_ours
         else:
-            worth = t.dim() != 2 or (t.dtype == torch.bfloat16 and bf16_ours)
+            worth = t.dtype == torch.float32 and f32_ours and t.shape[1] % 16 == 0
         if not worth:
             return False
     return True

@@ -140,12 +140,12 @@ at::Tensor bf16_linear_columns(const at::Tensor& x, const at::Tensor& w, const c
   const at::Tensor xf = x.to(at::kFloat);  // exact
   // k split into one contiguous range a thread (span * shares >= cols): each reads its own
   // stretch of w^T
-  const int64_t shares = std::clamp<int64_t>(rows * cols / kMinShare, 1, at::get_num_threads());
+  const int64_t shares = std::clamp<int64_t>(rows * cols / kMinShare, 1, linnet::threads());
   const int64_t span = ((cols + shares - 1) / shares + kStep - 1) / kStep * kStep;
   std::unique_ptr<float[]> partial(new float[shares * batch * rows]);  // each share writes all of its own
   auto* wt = reinterpret_cast<const uint16_t*>(w.data_ptr());
   const float* xp = xf.data_ptr<float>();
-  at::parallel_for(0, shares, 1, [&](int64_t s0, int64_t s1) {
+  linnet::parallel_rows(0, shares, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       const int64_t lo = std::min(cols, s * span), hi = std::min(cols, lo + span);
       columns_range(xp, wt, partial.get() + s * batch * rows, lo, hi, rows, cols, batch);

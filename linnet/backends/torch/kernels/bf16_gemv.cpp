@@ -1,5 +1,5 @@
 // bf16 linears for small batches (decode): one pass over the bf16 weights on both cores
-// (at::parallel_for over blocks of output rows). y = x @ w^T (+ b), rounded once to bf16.
+// (linnet::parallel_rows over blocks of output rows). y = x @ w^T (+ b), rounded once to bf16.
 // With AVX512-BF16: `vdpbf16ps` (pairs of bf16 products, exact in f32, summed in f32).
 // With AVX2 and FMA only: each bf16 widened to f32 in registers (zeros below it: exact),
 // f32 FMAs, so the same exact products and f32 sums; the weights are read as bf16, half
@@ -82,7 +82,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   const int64_t tiles = (rows + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * cols));
   const bool in_sequence = linnet::amd_tuning();  // cpu_tuning.h
-  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+  linnet::parallel_rows(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     float sums[kRows];
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r0 = t * kRows, n = std::min<int64_t>(kRows, rows - r0);
@@ -221,7 +221,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   const int64_t tiles = (rows + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * cols));
   const bool in_sequence = linnet::amd_tuning();  // cpu_tuning.h
-  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+  linnet::parallel_rows(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> sums(batch * kRows);
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r0 = t * kRows, n = std::min<int64_t>(kRows, rows - r0);

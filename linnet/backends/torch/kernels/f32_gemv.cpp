@@ -78,7 +78,7 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / cols);
-  at::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+  linnet::parallel_rows(0, rows, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r)
       for (int64_t bi = 0; bi < batch; ++bi)
         yp[bi * rows + r] = f32_row(xp + bi * cols, wp + r * cols, cols) + (bias ? bias[r] : 0.0f);

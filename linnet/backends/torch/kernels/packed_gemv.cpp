@@ -1,5 +1,5 @@
 // Weight-only quantized linears for small batches (decode): one pass over the packed
-// weights, both cores (at::parallel_for over blocks of output rows).
+// weights, both cores (linnet::parallel_rows over blocks of output rows).
 //
 //   y[b, r] = sum_k w[r, k] * x[b, k],   w[r, k] = scale[r, k / 32] * code[r, k] (+ offset)
 //
@@ -259,7 +259,7 @@ void run_rows(const Problem& p) {
   const int64_t tiles = p.rows / kRows;
   // A tile reads kRows * cols weights; keep parallel chunks at 64k weights or more.
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * p.cols));
-  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+  linnet::parallel_rows(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) batch_tiles<Tile, kRows>(p, t * kRows);
   });
   for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, r);

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <vector>
 
+#include "stream_ahead.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -238,7 +240,7 @@ template <template <int, int> class Tile>
 void run_rows(const Problem& p, const Quantized& x) {
   const int64_t tiles = p.rows / kRows;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / (kRows * p.cols));
-  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+  linnet::parallel_rows(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) batch_tiles<Tile, kRows>(p, x, t * kRows);
   });
   for (int64_t r = tiles * kRows; r < p.rows; ++r) batch_tiles<Tile, 1>(p, x, r);

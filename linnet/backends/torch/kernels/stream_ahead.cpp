@@ -1,7 +1,8 @@
 // The helper thread of stream_ahead.h. The caller's side learns the cycle of weights a step
 // reads (from the first weight noted until it comes round again), then publishes where in
-// that cycle it is; the helper reads a byte of every line after the weight being read, up
-// to the budget, and sleeps once no step has run for a while. Reads, not prefetches: on the
+// that cycle it is; the helper runs chunks of a linear's rows when the step posts them,
+// else reads a byte of every line after the weight being read, up to the budget, and
+// sleeps once no step has run for a while (the step then runs all its rows itself). Reads, not prefetches: on the
 // Zen 4 EPYC another core's prefetched lines were read at DRAM's 27 GB/s, loaded ones at 51.
 // A read must never touch freed memory, so the plan holds weak references to the weights'
 // storages and the helper reads a weight only while it holds its storage alive and the
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -40,6 +42,7 @@ constexpr int64_t kLine = 64;
 constexpr int64_t kChunk = 16384;                    // bytes read between looks at the caller
 constexpr auto kAwake = std::chrono::milliseconds(2);  // spin this long after the last note
 constexpr size_t kMaxLearning = 1 << 16;              // weights; past it, no cycle: start again
+constexpr int64_t kShareChunks = 8;  // a shared linear's pieces, claimed by whichever thread is free
 
 struct Weight {
   const char* at;
@@ -66,8 +69,37 @@ struct Plan {
   }
 };
 
+// A linear's rows shared between the step's thread and the helper: each claims the next
+// chunk until none is left.
+struct Rows {
+  linnet::RowsFn call;
+  const void* fn;
+  int64_t begin, n, chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;  // the first chunk's exception, rethrown on the step's thread
+
+  Rows(linnet::RowsFn c, const void* f, int64_t b, int64_t len, int64_t k)
+      : call(c), fn(f), begin(b), n(len), chunks(k) {}
+  int64_t run() {  // answers how many chunks this thread ran
+    int64_t ran = 0;
+    for (int64_t c; (c = next.fetch_add(1)) < chunks; ++ran) {
+      try {
+        call(fn, begin + n * c / chunks, begin + n * (c + 1) / chunks);
+      } catch (...) {
+        if (!failed.exchange(true)) error = std::current_exception();
+      }
+    }
+    return ran;
+  }
+};
+
 struct State {
   std::atomic<int64_t> budget{0};
+  std::atomic<bool> share{true};
+  std::atomic<Rows*> rows{nullptr};       // the linear being shared, posted by the step
+  std::atomic<bool> helper_in{false};     // the helper may be in `rows`: the step waits
+  std::atomic<int64_t> shared_chunks{0};  // run by the helper, for tests and benchmarks
   std::atomic<int64_t> reading_end{0};  // along the cycles: the end of the weight being read
   std::atomic<uint64_t> version{0};     // one more with every plan published
   std::atomic<bool> asleep{false};
@@ -134,6 +166,16 @@ void helper() {
   int64_t along = 0, seen = -1;
   auto last_note = Clock::now();
   for (;;) {
+    if (s.share.load(std::memory_order_relaxed)) {  // a linear's rows first: the step waits on them
+      s.helper_in.store(true);  // seq_cst, as the step's store of rows and load of helper_in
+      Rows* rows = s.rows.load();
+      if (rows) s.shared_chunks.fetch_add(rows->run(), std::memory_order_relaxed);
+      s.helper_in.store(false);
+      if (rows) {
+        last_note = Clock::now();
+        continue;
+      }
+    }
     const uint64_t v = s.version.load();
     if (v != version) {
       std::lock_guard<std::mutex> lock(s.plan_mu);
@@ -231,11 +273,17 @@ int64_t stream_ahead(int64_t budget) {
   return state().budget.exchange(budget);
 }
 
-// [bytes the helper has read, weights in the learned cycle (0: none yet)]
+// The helper takes part of each decode linear's rows (on) or only reads ahead; answers the
+// setting before.
+bool stream_ahead_share(bool on) { return state().share.exchange(on); }
+
+// [bytes the helper has read, weights in the learned cycle (0: none yet), chunks of shared
+// linears the helper ran]
 std::vector<int64_t> stream_ahead_stats() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.note_mu);
-  return {s.bytes_read.load(), s.known ? static_cast<int64_t>(s.known->weights.size()) : 0};
+  return {s.bytes_read.load(), s.known ? static_cast<int64_t>(s.known->weights.size()) : 0,
+          s.shared_chunks.load()};
 }
 
 }  // namespace
@@ -243,6 +291,30 @@ std::vector<int64_t> stream_ahead_stats() {
 namespace linnet {
 
 bool stepping() { return this_thread_steps; }
+
+bool sharing() { return state().share.load(std::memory_order_relaxed); }
+
+void share_rows(int64_t begin, int64_t end, int64_t grain, RowsFn call, const void* fn) {
+  State& s = state();
+  const int64_t n = end - begin;
+  const int64_t chunks = std::min(kShareChunks, n / std::max<int64_t>(grain, 1));
+  if (chunks < 2) {
+    if (n > 0) call(fn, begin, end);
+    return;
+  }
+  Rows rows(call, fn, begin, n, chunks);
+  s.rows.store(&rows);
+  rows.run();
+  s.rows.store(nullptr);  // then wait until the helper is out of `rows`, which dies here
+  // (yielding now and then: were it woken onto this CPU, the helper could not finish)
+  for (int spins = 1; s.helper_in.load(); ++spins) {
+    if (spins % 4096)
+      LINNET_PAUSE();
+    else
+      std::this_thread::yield();
+  }
+  if (rows.failed.load()) std::rethrow_exception(rows.error);
+}
 
 void note_weight(const at::Tensor& w) {
   State& s = state();
@@ -257,5 +329,6 @@ void note_weight(const at::Tensor& w) {
 TORCH_LIBRARY_FRAGMENT(linnet_kernels, m) {
   m.def("stream_ahead(int bytes) -> int", stream_ahead);
   m.def("stream_ahead_step(bool on) -> bool", stream_ahead_step);
+  m.def("stream_ahead_share(bool on) -> bool", stream_ahead_share);
   m.def("stream_ahead_stats() -> int[]", stream_ahead_stats);
 }
