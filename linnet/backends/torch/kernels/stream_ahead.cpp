@@ -2,8 +2,9 @@
 // reads (from the first weight noted until it comes round again), then publishes where in
 // that cycle it is; the helper runs chunks of a linear's rows when the step posts them,
 // else reads a byte of every line after the weight being read, up to the budget, and
-// sleeps once no step has run for a while (the step then runs all its rows itself). Reads, not prefetches: on the
-// Zen 4 EPYC another core's prefetched lines were read at DRAM's 27 GB/s, loaded ones at 51.
+// sleeps once no step has run for a while (the step then runs all its rows itself).
+// Reads, not prefetches: on the Zen 4 EPYC another core's prefetched lines were read at
+// DRAM's 27 GB/s, loaded ones at 51.
 // A read must never touch freed memory, so the plan holds weak references to the weights'
 // storages and the helper reads a weight only while it holds its storage alive and the
 // storage still holds those bytes. Every piece of state is made once and never destroyed:
@@ -42,7 +43,7 @@ constexpr int64_t kLine = 64;
 constexpr int64_t kChunk = 16384;                    // bytes read between looks at the caller
 constexpr auto kAwake = std::chrono::milliseconds(2);  // spin this long after the last note
 constexpr size_t kMaxLearning = 1 << 16;              // weights; past it, no cycle: start again
-constexpr int64_t kShareChunks = 8;  // a shared linear's pieces, claimed by whichever thread is free
+constexpr int64_t kShareChunks = 8;  // a shared linear's pieces, claimed by either thread
 
 struct Weight {
   const char* at;
@@ -166,7 +167,7 @@ void helper() {
   int64_t along = 0, seen = -1;
   auto last_note = Clock::now();
   for (;;) {
-    if (s.share.load(std::memory_order_relaxed)) {  // a linear's rows first: the step waits on them
+    if (s.share.load(std::memory_order_relaxed)) {  // a linear's rows first: the step waits
       s.helper_in.store(true);  // seq_cst, as the step's store of rows and load of helper_in
       Rows* rows = s.rows.load();
       if (rows) s.shared_chunks.fetch_add(rows->run(), std::memory_order_relaxed);
