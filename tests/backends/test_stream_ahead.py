@@ -107,6 +107,25 @@ def test_shared_rows_give_the_split_bits(ops, two_threads, kind):
     assert ops.stream_ahead_stats()[2] > chunks  # the helper ran some of the rows
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_step_keeps_torch_threads_but_two(ops, threads):
+    """One helper takes half of a linear: with more threads than two (not measured) each
+    linear splits over torch's threads as before, with one there is no second core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with stream_ahead.one_core_step():
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    try:
+        with stream_ahead.one_core_step():
+            assert torch.get_num_threads() == 1  # the step's thread; the helper is the other
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [(None, 2 << 20), ("0", 0), ("off", 0), ("2", 2 << 20), ("0.5", 1 << 19)],

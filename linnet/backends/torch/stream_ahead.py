@@ -10,7 +10,7 @@ they start and hand it part of their rows (`parallel_rows`); between linears it 
 bytes that come next into the shared L3. SmolLM2-135M, the Zen 4 EPYC: see docs/torch.md.
 
 It applies where it can help and nothing else changes: a one-token step of at most
-`MAX_ROWS` rows, at least two torch threads, Linnet's C++ kernels loaded, a model whose
+`MAX_ROWS` rows, torch at `THREADS` threads, Linnet's C++ kernels loaded, a model whose
 matrices all go through those kernels (`worth_streaming`), and LINNET_STREAM_AHEAD not 0
 (MB read ahead, default `DEFAULT_MB`).
 """
@@ -29,6 +29,9 @@ from linnet.backends.torch.quantized import PackedWeight
 
 DEFAULT_MB = 2  # read ahead (SmolLM2, one model, two threads: q8_0 best at 2, bf16 at 2-4)
 MAX_ROWS = kernels.F32_GEMV_ROWS  # a step's rows up to which its linears are GEMVs
+# The step's thread and one helper: measured on 2 cores only. With more threads each linear
+# splits over torch's threads as before (one helper would leave the other cores idle).
+THREADS = 2
 
 
 def budget_bytes() -> int:
@@ -84,9 +87,9 @@ def one_token_step(inputs) -> bool:
 @contextlib.contextmanager
 def one_core_step():
     """Run the block (one decode step) on this thread with the helper reading ahead, where
-    the machine gives torch two threads or more and the kernels load; else as it is."""
+    torch has `THREADS` threads and the kernels load; else as it is."""
     threads = torch.get_num_threads()
-    ops = kernels.load() if threads >= 2 else None
+    ops = kernels.load() if threads == THREADS else None
     budget = budget_bytes() if ops is not None else 0
     if budget <= 0:
         yield
