@@ -108,7 +108,7 @@ def test_shared_rows_give_the_split_bits(ops, two_threads, kind):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_a_step_keeps_torch_threads_but_two(ops, threads):
+def test_the_step_takes_one_thread_only_where_torch_has_two(ops, threads):
     """One helper takes half of a linear: with more threads than two (not measured) each
     linear splits over torch's threads as before, with one there is no second core."""
     before = torch.get_num_threads()

@@ -86,8 +86,8 @@ def one_token_step(inputs) -> bool:
 
 @contextlib.contextmanager
 def one_core_step():
-    """Run the block (one decode step) on this thread with the helper reading ahead, where
-    torch has `THREADS` threads and the kernels load; else as it is."""
+    """Run the block (one decode step) on this thread, the helper sharing its linears and
+    reading ahead, where torch has `THREADS` threads and the kernels load; else as it is."""
     threads = torch.get_num_threads()
     ops = kernels.load() if threads == THREADS else None
     budget = budget_bytes() if ops is not None else 0
