@@ -87,10 +87,11 @@ def _kernel_linear(ops, kind: str):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "f32", "q8_0", "q4_0", "q4_k"])
-def test_shared_rows_give_the_split_bits(ops, two_threads, kind):
+def test_shared_rows_give_the_split_bits(ops, two_threads, amd_tuning, kind):
+    """Both sides of cpu_tuning.h: the Xeon's walks and 512-bit integer kernel, AMD's."""
     run = _kernel_linear(ops, kind)
     if run is None:
-        pytest.skip(f"no {kind} decode kernel in this build")
+        pytest.skip(f"no {kind} decode kernel here (this build, these cpu_tuning.h choices)")
     split = run()
     before = ops.stream_ahead(1 << 20)
     assert not ops.stream_ahead_step(True)
