@@ -71,8 +71,8 @@ def test_not_streamed_where_torch_runs_the_linears(ops, two_threads, monkeypatch
 
 
 def _kernel_linear(ops, kind: str):
-    """A decode kernel's linear of one row on a weight big enough to be shared (2048 x 768:
-    8 chunks), as a call, or None where this build does not run that kernel."""
+    """A decode kernel's linear of one row on a weight big enough to be cut into chunks
+    (2048 x 768), as a call, or None where that kernel does not run here."""
     torch.manual_seed(0)
     w, x = torch.randn(2048, 768), torch.randn(1, 768)
     if kind == "bf16":
