@@ -30,10 +30,21 @@ def two_threads():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def f32_ours(ops):
+    """AMD's choices forced on, so f32 decode linears are f32_gemv.cpp's on any CPU the
+    kernels build for (elsewhere torch's linear runs them, and nothing is streamed)."""
+    before = kernels.force_amd_tuning(1)
+    try:
+        yield
+    finally:
+        kernels.force_amd_tuning(before)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0", "f32"])
-def test_streamed_steps_give_the_split_steps_bits(ops, two_threads, monkeypatch, dtype):
-    if dtype == "f32" and not kernels.f32_gemv_preferred():
-        pytest.skip("f32 decode linears are torch's here (not AMD's choices): not streamed")
+def test_streamed_steps_give_the_split_steps_bits(ops, two_threads, monkeypatch, dtype, request):
+    if dtype == "f32":
+        request.getfixturevalue("f32_ours")
     folder = str(build_tiny("llama", "base"))
     model = lt.load(folder, mode="generated", numerics="fast", dtype=dtype)
     assert model.runner.one_core
@@ -78,9 +89,8 @@ def _kernel_linear(ops, kind: str):
     if kind == "bf16":
         w, x = w.bfloat16(), x.bfloat16()
         return (lambda: ops.bf16_linear(x, w, None)) if kernels.bf16_gemv_available() else None
-    if kind == "f32":
-        op = kernels.f32_linear_op(x, w)
-        return None if op is None else (lambda: op(x, w, None))
+    if kind == "f32":  # the op itself, whichever cpu_tuning.h choice would offer it
+        return (lambda: ops.f32_linear(x, w, None)) if ops.f32_gemv_native() else None
     packed = quantize_params({"w": w}, kind)["w"]
     packed.int8_x = kind != "q4_k"  # the integer kernel, and the f32 one for q4_K
     return lambda: quantized.decode_linear(x, packed)
