@@ -58,7 +58,6 @@ def worth_streaming(module: torch.nn.Module) -> bool:
     if kernels.load() is None:
         return False
     bf16_ours = kernels.bf16_gemv_available() or kernels.bf16_columns_preferred()
-    f32_ours = kernels.f32_gemv_preferred()
     for t in module.parameters():
         if isinstance(t, PackedWeight):
             worth = t.kernel_ready
@@ -68,8 +67,9 @@ def worth_streaming(module: torch.nn.Module) -> bool:
             worth = True
         elif t.dtype == torch.bfloat16:
             worth = bf16_ours
-        else:
-            worth = t.dtype == torch.float32 and f32_ours and t.shape[1] % 16 == 0
+        else:  # f32 (or other): the decode step's own choice for this weight, asked once
+            probe = t.new_empty(1, t.shape[1], dtype=torch.float32)
+            worth = kernels.f32_linear_op(probe, t) is not None
         if not worth:
             return False
     return True
